@@ -1,0 +1,88 @@
+//! `kev`: the command-line front end. A thin binary: parse flags, dispatch to one
+//! subcommand, map its `Result` to an exit code (0 ok, 1 failure, 2 invalid input).
+
+mod cmd;
+mod model_args;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kev",
+    version,
+    about = "Serve the Kev decision model natively: exact, fast, no Python at run time"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "KEV_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what a request compiles to (token rows, readout indices, usage) without running a model.
+    Rows(cmd::rows::Args),
+    /// Answer a request (or a JSONL file of requests) with a local model.
+    Decide(cmd::decide::Args),
+    /// Fetch, verify and merge the pinned release into an engine-ready directory.
+    Prepare(cmd::prepare::Args),
+    /// Re-hash a prepared directory against its manifest.
+    Verify(cmd::verify::Args),
+    /// Serve the SystemOne HTTP API.
+    Serve(cmd::serve::Args),
+    /// Write a random-weight release in the published layout (real 4B dimensions by default).
+    Synth(cmd::synth::Args),
+    /// Benchmarks against the torch reference and llama.cpp.
+    Bench(cmd::bench::Args),
+    /// Prove a model agrees with the author's reference: digests, merge, head, decision gates.
+    Accept(cmd::accept::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log_format);
+    let result = match cli.command {
+        Command::Rows(a) => cmd::rows::run(a),
+        Command::Decide(a) => cmd::decide::run(a),
+        Command::Prepare(a) => cmd::prepare::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Accept(a) => cmd::accept::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            if is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("kev: error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn init_tracing(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("KEV_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
