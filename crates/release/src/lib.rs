@@ -1,1 +1,15 @@
-//! placeholder
+//! Release formats: what the Hub repositories of Kev and its Qwen3.5 base contain, read and written
+//! without torch.
+//!
+//! - [`shards`]: a set of safetensors files (single file or sharded with `model.safetensors.index.json`),
+//!   memory-mapped, tensor names resolved across the `model.language_model.` / `model.` / bare prefixes.
+//! - [`adapter`]: PEFT `adapter_config.json` + `adapter_model.safetensors`, mapped onto base tensor names.
+//! - [`merge`]: the LoRA merge `bf16(fp32(W) + (B @ A) · alpha/r)`, bit-exact with the author's merge.
+//! - [`head`]: `head.pt` (torch zip + pickle) read without torch; `head.safetensors` + `kev_head.json`.
+//! - [`manifest`]: digests (sha256, git blob sha1), pins, the prepared directory's `manifest.json`.
+
+pub mod adapter;
+pub mod head;
+pub mod manifest;
+pub mod merge;
+pub mod shards;
