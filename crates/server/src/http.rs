@@ -1,0 +1,372 @@
+//! Routes, handlers and the layer stack.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tower::ServiceBuilder;
+use tower_http::cors::CorsLayer;
+use tower_http::decompression::RequestDecompressionLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use tower_http::validate_request::{ValidateRequest, ValidateRequestHeaderLayer};
+
+use crate::error::ApiError;
+use crate::{App, Decider};
+
+/// The request-id header the official SDK reads (`response.request_id`).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-typesafe-request-id");
+
+const OPENAPI: &str = include_str!("../openapi.json");
+
+/// The whole HTTP surface of an [`App`].
+pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
+    let mut v1 = Router::new()
+        .route("/v1/systemone", post(systemone::<D>))
+        .route("/v1/models", get(models::<D>));
+    if let Some(key) = app.config.api_key.clone().filter(|k| !k.is_empty()) {
+        v1 = v1.layer(ValidateRequestHeaderLayer::custom(BearerKey {
+            key: Arc::from(key.into_bytes()),
+        }));
+    }
+    let max_body = app.config.max_body;
+    let timeout = app.config.request_timeout;
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/ready", get(ready::<D>))
+        .route("/metrics", get(metrics_text::<D>))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .layer(middleware::from_fn(observe))
+        .layer(
+            ServiceBuilder::new()
+                .layer(TraceLayer::new_for_http())
+                .layer(SetRequestIdLayer::new(REQUEST_ID, HexRequestId))
+                .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+                .layer(
+                    CorsLayer::permissive()
+                        .expose_headers([REQUEST_ID, HeaderName::from_static("server-timing")]),
+                )
+                .layer(middleware::map_response(jsonify_errors))
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::REQUEST_TIMEOUT,
+                    timeout,
+                ))
+                .layer(RequestDecompressionLayer::new().zstd(true).gzip(true))
+                .layer(RequestBodyLimitLayer::new(max_body)),
+        )
+        .with_state(app)
+}
+
+/// `uuid4().hex`, as Kev's server makes request ids (32 lowercase hex digits).
+#[derive(Clone, Copy)]
+struct HexRequestId;
+
+impl MakeRequestId for HexRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        HeaderValue::from_str(&id).ok().map(RequestId::new)
+    }
+}
+
+/// `Authorization: Bearer <key>`, compared in constant time. Missing → 403, wrong → 401.
+#[derive(Clone)]
+struct BearerKey {
+    key: Arc<[u8]>,
+}
+
+impl<B> ValidateRequest<B> for BearerKey {
+    type ResponseBody = Body;
+
+    fn validate(&mut self, request: &mut axum::http::Request<B>) -> Result<(), Response> {
+        use subtle::ConstantTimeEq;
+        if request.method() == axum::http::Method::OPTIONS {
+            return Ok(()); // CORS preflight carries no credentials
+        }
+        let Some(value) = request.headers().get(header::AUTHORIZATION) else {
+            return Err(ApiError::auth_missing().into_response());
+        };
+        let given = value.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b"");
+        if given.is_empty() && !value.as_bytes().starts_with(b"Bearer ") {
+            return Err(ApiError::auth_missing().into_response());
+        }
+        if bool::from(given.ct_eq(&self.key)) {
+            Ok(())
+        } else {
+            Err(ApiError::auth_invalid().into_response())
+        }
+    }
+}
+
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string()
+}
+
+async fn systemone<D: Decider>(
+    State(app): State<Arc<App<D>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let rid = request_id(&headers);
+    let result = decide(&app, &headers, body, &rid).await;
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let mut resp = match result {
+        Ok(resp) => resp,
+        Err(e) => {
+            if e.status().is_server_error()
+                && e.status().as_u16() != 503
+                && e.status().as_u16() != 529
+            {
+                tracing::error!(request_id = %rid, body = %e.body(), "internal error");
+            }
+            e.into_response()
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&format!("app;dur={elapsed_ms:.1}")) {
+        resp.headers_mut()
+            .insert(HeaderName::from_static("server-timing"), v);
+    }
+    resp
+}
+
+async fn decide<D: Decider>(
+    app: &Arc<App<D>>,
+    headers: &HeaderMap,
+    body: Body,
+    rid: &str,
+) -> Result<Response, ApiError> {
+    if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ApiError::draining());
+    }
+    if !app.is_ready() {
+        return Err(ApiError::not_ready());
+    }
+    if let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        && ct
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("multipart/")
+    {
+        return Err(ApiError::unsupported_media(
+            "Kev is text-only: multipart bodies (image assets) are not supported; send the request as application/json",
+        ));
+    }
+    let bytes = axum::body::to_bytes(body, app.config.max_body)
+        .await
+        .map_err(|e| body_error(&e, app.config.max_body))?;
+    let decider = Arc::clone(&app.decider);
+    let admission = tokio::task::spawn_blocking(move || decider.admit(&bytes))
+        .await
+        .map_err(|_| ApiError::internal(rid))??;
+    let rx = app.queue.submit(admission.job, admission.tokens)?;
+    metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
+    let answered = rx.await.map_err(|_| ApiError::internal(rid))??;
+    metrics::histogram!("kev_queue_wait_seconds").record(answered.queued.as_secs_f64());
+    metrics::histogram!("kev_compute_seconds").record(answered.compute.as_secs_f64());
+    let mut body = answered.body;
+    if let Some(usage) = body.get("usage") {
+        let input = usage
+            .get("input_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let output = usage
+            .get("output_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        metrics::counter!("kev_input_tokens_total").increment(input);
+        metrics::counter!("kev_output_tokens_total").increment(output);
+    }
+    if let Some(obj) = body.as_object_mut() {
+        let ms = (answered.compute.as_secs_f64() * 10_000.0).round() / 10.0;
+        obj.insert("x_latency_ms".into(), json!(ms));
+    }
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+fn body_error(err: &axum::Error, limit: usize) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return ApiError::too_large(limit);
+        }
+        source = e.source();
+    }
+    ApiError::typed(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        format!("could not read the request body: {err}"),
+    )
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut resp = (status, bytes).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
+    let card = app.decider.model_card();
+    let models: Vec<Value> = app
+        .config
+        .model_names
+        .iter()
+        .map(|name| {
+            let mut c = serde_json::Map::new();
+            c.insert("name".into(), json!(name));
+            if let Some(obj) = card.as_object() {
+                for (k, v) in obj {
+                    c.insert(k.clone(), v.clone());
+                }
+            }
+            Value::Object(c)
+        })
+        .collect();
+    json_response(StatusCode::OK, &json!({ "models": models }))
+}
+
+async fn health() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
+    if app.is_ready() {
+        json_response(StatusCode::OK, &json!({"status": "ready"}))
+    } else if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        ApiError::draining().into_response()
+    } else {
+        ApiError::not_ready().into_response()
+    }
+}
+
+async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
+    let s = app.decider.stats();
+    metrics::counter!("kev_engine_rows_total").absolute(s.rows);
+    metrics::counter!("kev_engine_passes_total").absolute(s.passes);
+    metrics::counter!("kev_prepared_state_cache_hits_total").absolute(s.cache_hits);
+    metrics::counter!("kev_prepared_state_cache_misses_total").absolute(s.cache_misses);
+    metrics::gauge!("kev_prepared_state_cache_bytes").set(s.cache_bytes as f64);
+    let q = app.queue.stats();
+    use std::sync::atomic::Ordering::Relaxed;
+    metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed));
+    metrics::counter!("kev_queue_expired_total").absolute(q.expired.load(Relaxed));
+    metrics::counter!("kev_queue_abandoned_total").absolute(q.abandoned.load(Relaxed));
+    metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
+    metrics::gauge!("kev_ready").set(if app.is_ready() { 1.0 } else { 0.0 });
+    let mut resp = app.metrics.render().into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
+async fn openapi() -> Response {
+    let mut resp = OPENAPI.into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+async fn not_found() -> ApiError {
+    ApiError::typed(StatusCode::NOT_FOUND, "not_found_error", "Not Found")
+}
+
+/// Requests by route and status, and their latency.
+async fn observe(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("kev_requests_total", "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("kev_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    resp
+}
+
+/// Layers (decompression, body limit, timeout) and axum (405) answer errors with empty or text
+/// bodies; give every error the `{"detail":{"error_type","message"}}` shape.
+async fn jsonify_errors<B>(resp: axum::http::Response<B>) -> Response
+where
+    B: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let resp = resp.map(Body::new);
+    let status = resp.status();
+    if status.as_u16() < 400 {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let (error_type, message) = match status.as_u16() {
+        404 => ("not_found_error", "Not Found".to_string()),
+        405 => ("invalid_request_error", "Method Not Allowed".to_string()),
+        408 => (
+            "timeout_error",
+            "the request took longer than the server's request timeout".to_string(),
+        ),
+        413 => (
+            "invalid_request_error",
+            "request body is over the size limit".to_string(),
+        ),
+        415 => (
+            "invalid_request_error",
+            "unsupported Content-Encoding: send identity, gzip or zstd".to_string(),
+        ),
+        s if s >= 500 => ("api_error", "internal error".to_string()),
+        _ => (
+            "invalid_request_error",
+            status
+                .canonical_reason()
+                .unwrap_or("bad request")
+                .to_string(),
+        ),
+    };
+    let mut out = ApiError::typed(status, error_type, message).into_response();
+    for name in [
+        header::RETRY_AFTER,
+        header::WWW_AUTHENTICATE,
+        header::ALLOW,
+        header::ACCEPT_ENCODING,
+    ] {
+        if let Some(v) = resp.headers().get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
+}

@@ -1,0 +1,535 @@
+//! HTTP behaviour of the server with stand-in deciders: every status of the error contract, auth on/off,
+//! compressed bodies, request ids, readiness, overload and shutdown. Real answers are tested where the
+//! engine glue is (kev-engine) and end to end in the CLI tests.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kev_server::{Admission, ApiError, Decider, ServerConfig};
+use serde_json::{Value, json};
+
+/// Echoes each request's question ids with a fixed noul answer; can be slowed down, held before
+/// warm-up, or made to panic.
+#[derive(Default)]
+struct Stub {
+    delay: Duration,
+    hold_warm_up: Option<Mutex<std::sync::mpsc::Receiver<()>>>,
+    panic_on: Option<String>,
+    runs: AtomicUsize,
+}
+
+struct Job {
+    model: String,
+    ids: Vec<String>,
+}
+
+impl Decider for Stub {
+    type Job = Job;
+
+    fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
+        let v: Value = serde_json::from_slice(body).map_err(|_| {
+            ApiError::with_body(
+                422,
+                json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}),
+            )
+        })?;
+        let Some(qs) = v.get("questions").and_then(Value::as_object) else {
+            return Err(ApiError::with_body(
+                422,
+                json!({"detail":[{"type":"missing","loc":["body","questions"],"msg":"Field required","input":v}]}),
+            ));
+        };
+        let model = v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("kev-latest")
+            .to_string();
+        Ok(Admission {
+            tokens: 10 * qs.len(),
+            job: Job {
+                model,
+                ids: qs.keys().cloned().collect(),
+            },
+        })
+    }
+
+    fn run(&self, jobs: Vec<Job>) -> Vec<Result<Value, ApiError>> {
+        self.runs.fetch_add(jobs.len(), Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        jobs.into_iter()
+            .map(|j| {
+                if self.panic_on.as_deref() == Some(j.model.as_str()) {
+                    panic!("stub engine failure");
+                }
+                let answers: serde_json::Map<String, Value> = j
+                    .ids
+                    .iter()
+                    .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
+                    .collect();
+                Ok(json!({"model": j.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}))
+            })
+            .collect()
+    }
+
+    fn warm_up(&self) -> Result<(), String> {
+        if let Some(rx) = &self.hold_warm_up {
+            let _ = rx.lock().unwrap().recv();
+        }
+        Ok(())
+    }
+
+    fn model_card(&self) -> Value {
+        json!({"description": "stub", "release_date": "2026-10-01", "x_backend": "stub"})
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), kev_server::ServerError>>>,
+}
+
+impl Running {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    fn stop(mut self) -> Result<(), kev_server::ServerError> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start(config: ServerConfig, stub: Stub) -> Running {
+    start_arc(config, Arc::new(stub))
+}
+
+fn start_arc(config: ServerConfig, stub: Arc<Stub>) -> Running {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            kev_server::serve_on(listener, config, stub, async move {
+                let _ = rx.await;
+            })
+            .await
+        })
+    });
+    Running {
+        addr,
+        stop: Some(tx),
+        thread: Some(thread),
+    }
+}
+
+fn wait_ready(r: &Running) {
+    for _ in 0..200 {
+        if let Ok(resp) = agent().get(&r.url("/ready")).call()
+            && resp.status() == 200
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let last = agent().get(&r.url("/ready")).call();
+    panic!("server never became ready: {last:?}");
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(20))
+        .build()
+}
+
+/// (status, headers we care about, JSON body) whatever the status.
+fn send(req: ureq::Request, body: &[u8]) -> (u16, ureq::Response) {
+    match req.send_bytes(body) {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("transport error: {e}"),
+    }
+}
+
+fn json_of(r: ureq::Response) -> Value {
+    let ct = r.header("content-type").unwrap_or("").to_string();
+    let text = r.into_string().unwrap();
+    assert!(
+        ct.starts_with("application/json"),
+        "content-type {ct:?} for {text}"
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+const BODY: &str = r#"{"model":"jev-latest","state":"hello","questions":{"q1":{"type":"noul"},"q2":{"type":"noul"}}}"#;
+
+fn post(r: &Running) -> ureq::Request {
+    agent()
+        .post(&r.url("/v1/systemone"))
+        .set("content-type", "application/json")
+}
+
+fn assert_error_type(v: &Value, error_type: &str) {
+    assert_eq!(v["detail"]["error_type"], error_type, "{v}");
+    assert!(v["detail"]["message"].is_string(), "{v}");
+}
+
+#[test]
+fn answers_in_request_order_with_headers_and_usage() {
+    let r = start(ServerConfig::default(), Stub::default());
+    wait_ready(&r);
+    let (status, resp) = send(
+        post(&r).set("x-typesafe-request-id", "abc-123"),
+        BODY.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(resp.header("x-typesafe-request-id"), Some("abc-123"));
+    assert!(
+        resp.header("server-timing")
+            .unwrap()
+            .starts_with("app;dur=")
+    );
+    let v = json_of(resp);
+    assert_eq!(v["model"], "jev-latest");
+    let ids: Vec<&String> = v["answers"].as_object().unwrap().keys().collect();
+    assert_eq!(ids, ["q1", "q2"]);
+    assert!(v["x_latency_ms"].is_number());
+    // Without a client id, one is generated: 32 lowercase hex digits.
+    let (_, resp) = send(post(&r), BODY.as_bytes());
+    let id = resp.header("x-typesafe-request-id").unwrap().to_string();
+    assert_eq!(id.len(), 32);
+    assert!(
+        id.chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    );
+}
+
+#[test]
+fn validation_errors_are_422_lists_and_never_5xx() {
+    let r = start(ServerConfig::default(), Stub::default());
+    wait_ready(&r);
+    for body in [&b"not json"[..], br#"{"state":"x"}"#] {
+        let (status, resp) = send(post(&r), body);
+        assert_eq!(status, 422);
+        let v = json_of(resp);
+        assert_eq!(v["detail"][0]["loc"][0], "body");
+    }
+}
+
+#[test]
+fn auth_on_guards_v1_routes_only() {
+    let config = ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..ServerConfig::default()
+    };
+    let r = start(config, Stub::default());
+    wait_ready(&r);
+    let (status, resp) = send(post(&r), BODY.as_bytes());
+    assert_eq!(status, 403);
+    assert_eq!(resp.header("www-authenticate"), Some("Bearer"));
+    assert_error_type(&json_of(resp), "authentication_error");
+    let (status, resp) = send(
+        post(&r).set("authorization", "Bearer wrong"),
+        BODY.as_bytes(),
+    );
+    assert_eq!(status, 401);
+    assert_error_type(&json_of(resp), "authentication_error");
+    let (status, _) = send(
+        post(&r).set("authorization", "Bearer s3cret"),
+        BODY.as_bytes(),
+    );
+    assert_eq!(status, 200);
+    // Case-sensitive scheme and key.
+    let (status, _) = send(
+        post(&r).set("authorization", "bearer s3cret"),
+        BODY.as_bytes(),
+    );
+    assert!(status == 401 || status == 403);
+    let (status, _) = send(agent().get(&r.url("/v1/models")), b"");
+    assert_eq!(status, 403);
+    let (status, _) = send(
+        agent()
+            .get(&r.url("/v1/models"))
+            .set("authorization", "Bearer s3cret"),
+        b"",
+    );
+    assert_eq!(status, 200);
+    for open in ["/health", "/metrics", "/openapi.json"] {
+        let (status, _) = send(agent().get(&r.url(open)), b"");
+        assert_eq!(status, 200, "{open}");
+    }
+}
+
+#[test]
+fn auth_off_accepts_any_bearer() {
+    let r = start(ServerConfig::default(), Stub::default());
+    wait_ready(&r);
+    let (status, _) = send(
+        post(&r).set("authorization", "Bearer jevcompat-no-key"),
+        BODY.as_bytes(),
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn compressed_bodies_and_encodings() {
+    let r = start(ServerConfig::default(), Stub::default());
+    wait_ready(&r);
+    let zstd_body = zstd::encode_all(BODY.as_bytes(), 3).unwrap();
+    let (status, resp) = send(post(&r).set("content-encoding", "zstd"), &zstd_body);
+    assert_eq!(status, 200);
+    assert_eq!(json_of(resp)["model"], "jev-latest");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(BODY.as_bytes()).unwrap();
+    let (status, _) = send(
+        post(&r).set("content-encoding", "gzip"),
+        &gz.finish().unwrap(),
+    );
+    assert_eq!(status, 200);
+    let (status, resp) = send(post(&r).set("content-encoding", "br"), BODY.as_bytes());
+    assert_eq!(status, 415);
+    assert_error_type(&json_of(resp), "invalid_request_error");
+    let (status, resp) = send(
+        post(&r).set("content-encoding", "zstd"),
+        b"definitely not zstd",
+    );
+    assert!((400..500).contains(&status), "{status}");
+    json_of(resp);
+    let (status, resp) = send(
+        agent()
+            .post(&r.url("/v1/systemone"))
+            .set("content-type", "multipart/form-data; boundary=x"),
+        b"--x--",
+    );
+    assert_eq!(status, 415);
+    assert_error_type(&json_of(resp), "invalid_request_error");
+}
+
+#[test]
+fn body_limit_applies_after_decompression() {
+    let config = ServerConfig {
+        max_body: 4096,
+        ..ServerConfig::default()
+    };
+    let r = start(config, Stub::default());
+    wait_ready(&r);
+    let big = format!(
+        r#"{{"state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
+        "a".repeat(10_000)
+    );
+    let (status, resp) = send(post(&r), big.as_bytes());
+    assert_eq!(status, 413);
+    assert_error_type(&json_of(resp), "invalid_request_error");
+    // Small on the wire, large once decompressed.
+    let z = zstd::encode_all(big.as_bytes(), 19).unwrap();
+    assert!(z.len() < 4096);
+    let (status, resp) = send(post(&r).set("content-encoding", "zstd"), &z);
+    assert_eq!(status, 413);
+    assert_error_type(&json_of(resp), "invalid_request_error");
+}
+
+#[test]
+fn unknown_routes_and_methods_are_json() {
+    let r = start(ServerConfig::default(), Stub::default());
+    wait_ready(&r);
+    let (status, resp) = send(agent().get(&r.url("/nope")), b"");
+    assert_eq!(status, 404);
+    assert_error_type(&json_of(resp), "not_found_error");
+    let (status, resp) = send(agent().get(&r.url("/v1/systemone")), b"");
+    assert_eq!(status, 405);
+    assert_error_type(&json_of(resp), "invalid_request_error");
+}
+
+#[test]
+fn models_lists_every_alias_with_the_card() {
+    let config = ServerConfig {
+        model_names: vec!["kev-latest".into(), "jev-latest".into(), "kev-4b".into()],
+        ..ServerConfig::default()
+    };
+    let r = start(config, Stub::default());
+    wait_ready(&r);
+    let (status, resp) = send(agent().get(&r.url("/v1/models")), b"");
+    assert_eq!(status, 200);
+    let v = json_of(resp);
+    let names: Vec<&str> = v["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kev-latest", "jev-latest", "kev-4b"]);
+    assert_eq!(v["models"][2]["release_date"], "2026-10-01");
+    assert_eq!(v["models"][0]["description"], "stub");
+}
+
+#[test]
+fn not_ready_until_warm_up_succeeds() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stub = Stub {
+        hold_warm_up: Some(Mutex::new(rx)),
+        ..Stub::default()
+    };
+    let r = start(ServerConfig::default(), stub);
+    // Wait for the listener, then check readiness is off while warm-up is held.
+    let mut ready_status = 0;
+    for _ in 0..200 {
+        if let Ok(resp) = agent().get(&r.url("/health")).call() {
+            assert_eq!(resp.status(), 200);
+            ready_status = send(agent().get(&r.url("/ready")), b"").0;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(ready_status, 503);
+    let (status, resp) = send(post(&r), BODY.as_bytes());
+    assert_eq!(status, 503);
+    assert!(resp.header("retry-after").is_some());
+    tx.send(()).unwrap();
+    wait_ready(&r);
+    assert_eq!(send(post(&r), BODY.as_bytes()).0, 200);
+}
+
+#[test]
+fn engine_panic_is_a_500_with_the_request_id_and_the_server_stays_up() {
+    let stub = Stub {
+        panic_on: Some("boom".into()),
+        ..Stub::default()
+    };
+    let r = start(ServerConfig::default(), stub);
+    wait_ready(&r);
+    let body = r#"{"model":"boom","state":"x","questions":{"q":{"type":"noul"}}}"#;
+    let (status, resp) = send(
+        post(&r).set("x-typesafe-request-id", "req-77"),
+        body.as_bytes(),
+    );
+    assert_eq!(status, 500);
+    let v = json_of(resp);
+    assert_error_type(&v, "api_error");
+    assert_eq!(send(post(&r), BODY.as_bytes()).0, 200);
+    assert_eq!(send(agent().get(&r.url("/ready")), b"").0, 200);
+}
+
+#[test]
+fn overload_answers_200_429_or_529_and_loses_nothing() {
+    let config = ServerConfig {
+        queue_depth: 4,
+        queue_deadline: Duration::from_millis(400),
+        pass_tokens: 20,
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub {
+        delay: Duration::from_millis(60),
+        ..Stub::default()
+    });
+    let r = start_arc(config, Arc::clone(&stub));
+    wait_ready(&r);
+    let n = 16; // 4 × the queue capacity
+    let url = r.url("/v1/systemone");
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let body = format!(
+                    r#"{{"model":"m{i}","state":"x","questions":{{"id{i}":{{"type":"noul"}}}}}}"#
+                );
+                let (status, resp) = send(
+                    agent().post(&url).set("content-type", "application/json"),
+                    body.as_bytes(),
+                );
+                let retry = resp.header("retry-after").map(str::to_string);
+                (i, status, retry, json_of(resp))
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut shed = 0;
+    for h in handles {
+        let (i, status, retry, v) = h.join().unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                assert_eq!(v["model"], format!("m{i}"));
+                assert!(v["answers"].get(format!("id{i}")).is_some(), "{v}");
+            }
+            429 | 529 => {
+                shed += 1;
+                assert!(retry.is_some(), "{status} without Retry-After");
+            }
+            other => panic!("status {other}: {v}"),
+        }
+    }
+    assert_eq!(ok + shed, n);
+    assert!(ok >= 1);
+    // Every 200 ran exactly once; nothing that was shed ran.
+    assert_eq!(stub.runs.load(Ordering::SeqCst), ok);
+    assert_eq!(send(agent().get(&r.url("/ready")), b"").0, 200);
+    assert_eq!(send(post(&r), BODY.as_bytes()).0, 200);
+}
+
+#[test]
+fn shutdown_finishes_accepted_work() {
+    let stub = Stub {
+        delay: Duration::from_millis(300),
+        ..Stub::default()
+    };
+    let r = start(ServerConfig::default(), stub);
+    wait_ready(&r);
+    let url = r.url("/v1/systemone");
+    let inflight = std::thread::spawn(move || {
+        send(
+            agent().post(&url).set("content-type", "application/json"),
+            BODY.as_bytes(),
+        )
+        .0
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(r.stop().is_ok());
+    assert_eq!(inflight.join().unwrap(), 200);
+}
+
+#[test]
+fn metrics_and_openapi() {
+    let r = start(ServerConfig::default(), Stub::default());
+    wait_ready(&r);
+    assert_eq!(send(post(&r), BODY.as_bytes()).0, 200);
+    let (status, resp) = send(agent().get(&r.url("/metrics")), b"");
+    assert_eq!(status, 200);
+    let text = resp.into_string().unwrap();
+    for series in [
+        "kev_requests_total",
+        "kev_request_duration_seconds",
+        "kev_input_tokens_total",
+        "kev_queue_depth",
+        "kev_prepared_state_cache_hits_total",
+        "kev_engine_passes_total",
+    ] {
+        assert!(text.contains(series), "{series} missing from /metrics");
+    }
+    let (status, resp) = send(agent().get(&r.url("/openapi.json")), b"");
+    assert_eq!(status, 200);
+    let doc = json_of(resp);
+    assert!(doc["paths"]["/v1/systemone"]["post"].is_object());
+}
