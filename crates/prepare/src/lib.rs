@@ -1,1 +1,907 @@
-//! placeholder
+//! `kev prepare`: from the pinned Hub release (or local copies) to an engine-ready directory.
+//!
+//! 1. **Fetch** only the files the engine needs (Kev: `adapter_config.json`,
+//!    `adapter_model.safetensors`, `head.pt`, `tokenizer.json`; base: `config.json`, the shard index and
+//!    the shards) through the Hub cache ([`hub`]), or take them from local directories.
+//! 2. **Verify** every file before use: against the pins (size + sha256 or git blob sha1) where the
+//!    source is pinned; unpinned sources are hashed, recorded and warned about. `head.pt` must name the
+//!    base it is merged into.
+//! 3. **Merge** shard by shard ([`export`]): adapted weights become `bf16(fp32(W) + (B@A)·alpha/r)`,
+//!    every other tensor is copied bit for bit; `mtp.*` and `model.visual.*` are dropped unless kept.
+//! 4. **Write** the merged shards + index, the text `config.json`, the Kev `tokenizer.json`,
+//!    `head.safetensors` + `kev_head.json`, and `manifest.json` (last: its presence marks a complete
+//!    directory). The directory is assembled under `<out>.kev-partial` and renamed into place.
+#![deny(missing_docs)]
+
+pub mod export;
+pub mod hub;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kev_release::head::{Delimiters, HeadProvenance, KevHead};
+use kev_release::manifest::{
+    DigestKind, FileHashes, FileRecord, MANIFEST_FORMAT_VERSION, Manifest, MergeRecord, PinCheck,
+    PinnedFile, ReleasePins, RepoPin, SourceRecord,
+};
+use kev_release::{Adapter, AdapterConfig, TensorStore};
+use rayon::prelude::*;
+
+pub use export::ExtrasPolicy;
+pub use hub::{HubClient, HubConfig, HubError};
+
+/// Files of the Kev repository the engine needs. Never `vocab.json`, `merges.txt` or
+/// `added_tokens.json`: they are stale (Qwen3-era ids) in the Kev repository.
+pub const KEV_FILES: [&str; 4] = [
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "head.pt",
+    "tokenizer.json",
+];
+
+/// Errors of `kev prepare`.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// A source argument is malformed.
+    #[error("{0}")]
+    Usage(String),
+    /// Downloading failed.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// A file does not match its pin.
+    #[error(
+        "{} ({}@{}) does not match {}:\n  {}\n  file: {}\n  {}",
+        .0.file, .0.repo, .0.revision, .0.against, .0.what, .0.path.display(), .0.hint
+    )]
+    PinMismatch(Box<PinMismatch>),
+    /// A needed file is not among the pins of a pinned source.
+    #[error(
+        "{file} is not pinned for {repo}@{revision}; a pinned release must pin every file the engine uses"
+    )]
+    NotPinned {
+        /// Repository.
+        repo: String,
+        /// Revision.
+        revision: String,
+        /// File.
+        file: String,
+    },
+    /// A needed file is missing from a local source.
+    #[error("{path}: missing ({role} release file)")]
+    MissingFile {
+        /// Which source.
+        role: &'static str,
+        /// Expected path.
+        path: PathBuf,
+    },
+    /// `head.pt` names another base (or revision) than the one being merged.
+    #[error(
+        "head.pt was trained on {found_base}@{found_revision}, but the base given is {expected_base}@{expected_revision}; use the base the head names"
+    )]
+    HeadBase {
+        /// Base named by head.pt.
+        found_base: String,
+        /// Revision named by head.pt.
+        found_revision: String,
+        /// Base being merged.
+        expected_base: String,
+        /// Its revision.
+        expected_revision: String,
+    },
+    /// `head.pt` and the adapter disagree.
+    #[error(
+        "head.pt says LoRA rank {head}, adapter_config.json says r = {adapter}: they are not from the same release"
+    )]
+    HeadAdapter {
+        /// Rank in head.pt.
+        head: u64,
+        /// Rank in the adapter.
+        adapter: u64,
+    },
+    /// `head.pt` reads another hidden size than the base has.
+    #[error("head.pt reads hidden states of width {head}, but the base's hidden_size is {base}")]
+    HeadWidth {
+        /// The head's input width.
+        head: usize,
+        /// The base's hidden size.
+        base: u64,
+    },
+    /// The output directory exists and is not empty.
+    #[error("{0}: exists and is not empty; choose a new --out or remove it")]
+    OutputExists(PathBuf),
+    /// Release formats.
+    #[error(transparent)]
+    Adapter(#[from] kev_release::AdapterError),
+    /// Release formats.
+    #[error(transparent)]
+    Head(#[from] kev_release::HeadError),
+    /// Release formats.
+    #[error(transparent)]
+    Manifest(#[from] kev_release::ManifestError),
+    /// Release formats.
+    #[error(transparent)]
+    Shards(#[from] kev_release::ShardError),
+    /// Release formats.
+    #[error(transparent)]
+    Stream(#[from] kev_release::stream::StreamError),
+    /// Release formats.
+    #[error(transparent)]
+    Merge(#[from] kev_release::MergeError),
+    /// A JSON input is malformed.
+    #[error("{path}: {message}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// File system trouble.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A broken invariant (a bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Details of [`PrepareError::PinMismatch`].
+#[derive(Debug)]
+pub struct PinMismatch {
+    /// Repository of the pin.
+    pub repo: String,
+    /// Pinned revision.
+    pub revision: String,
+    /// File name inside the repository.
+    pub file: String,
+    /// What it was checked against (`the pinned release`, `the Hub's id for it`).
+    pub against: &'static str,
+    /// Where the file was read.
+    pub path: PathBuf,
+    /// Sizes and both digests.
+    pub what: String,
+    /// How to proceed.
+    pub hint: String,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError + '_ {
+    move |source| PrepareError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Where a repository's files come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A Hub repository at a revision (branch, tag or commit).
+    Hub {
+        /// `owner/name`.
+        repo: String,
+        /// Revision.
+        revision: String,
+    },
+    /// A local directory with the repository's files.
+    Dir(PathBuf),
+}
+
+impl Source {
+    /// Parse `owner/name@revision` (revision defaults to `main`).
+    pub fn parse_hub(spec: &str) -> Result<Self, PrepareError> {
+        let (repo, revision) = match spec.split_once('@') {
+            Some((r, v)) => (r, v),
+            None => (spec, "main"),
+        };
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        };
+        match repo.split_once('/') {
+            Some((owner, name)) if valid(owner) && valid(name) && !revision.is_empty() => {
+                Ok(Source::Hub {
+                    repo: repo.to_string(),
+                    revision: revision.to_string(),
+                })
+            }
+            _ => Err(PrepareError::Usage(format!(
+                "{spec:?} is not a Hub repository: expected owner/name[@revision]"
+            ))),
+        }
+    }
+}
+
+/// Everything `kev prepare` needs to know.
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
+    /// The Kev repository; `None` = the pinned one.
+    pub kev: Option<Source>,
+    /// The base repository; `None` = the pinned one.
+    pub base: Option<Source>,
+    /// Output directory (must not exist or be empty).
+    pub out: PathBuf,
+    /// Which extras to keep.
+    pub extras: ExtrasPolicy,
+    /// The release pins (default: Kev-4B v1.0).
+    pub pins: ReleasePins,
+    /// True when the pins were given explicitly: local directories are then checked against them.
+    pub pins_explicit: bool,
+    /// Hub settings (endpoint, cache, token, offline).
+    pub hub: HubConfig,
+}
+
+impl PrepareOptions {
+    /// Defaults: the Kev-4B v1.0 pins, the Hub as configured by the environment.
+    pub fn new(out: PathBuf) -> Self {
+        PrepareOptions {
+            kev: None,
+            base: None,
+            out,
+            extras: ExtrasPolicy::default(),
+            pins: ReleasePins::kev_4b_v1(),
+            pins_explicit: false,
+            hub: HubConfig::from_env(),
+        }
+    }
+}
+
+/// What `kev prepare` did.
+#[derive(Debug, Clone)]
+pub struct PrepareReport {
+    /// The prepared directory.
+    pub out: PathBuf,
+    /// Its manifest (also written to `manifest.json`).
+    pub manifest: Manifest,
+    /// Warnings raised (unpinned sources, unchecked base identity).
+    pub warnings: Vec<String>,
+}
+
+/// A source resolved to local files.
+struct Resolved {
+    role: &'static str,
+    source: Source,
+    /// The pins the files are checked against, if the source is pinned.
+    pin: Option<RepoPin>,
+    commit: Option<String>,
+    /// Repository file name → local path.
+    files: BTreeMap<String, PathBuf>,
+    /// Repository file name → the Hub's id for it (sha256 or git blob sha1), for Hub sources.
+    etags: BTreeMap<String, String>,
+    /// The directory the base store opens (base only).
+    dir: PathBuf,
+    /// For error hints.
+    from_hub: bool,
+}
+
+impl Resolved {
+    fn path(&self, name: &str) -> Result<&Path, PrepareError> {
+        self.files
+            .get(name)
+            .map(PathBuf::as_path)
+            .ok_or_else(|| PrepareError::Internal(format!("{name} was not fetched")))
+    }
+
+    fn label(&self) -> String {
+        match (&self.source, &self.commit) {
+            (Source::Hub { repo, .. }, Some(c)) => format!("{repo}@{c}"),
+            (Source::Hub { repo, revision }, None) => format!("{repo}@{revision}"),
+            (Source::Dir(d), _) => d.display().to_string(),
+        }
+    }
+}
+
+/// Run `kev prepare`.
+pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
+    let started = std::time::Instant::now();
+    let mut warnings = Vec::new();
+    let client = HubClient::new(opts.hub.clone());
+    let kev_src = opts.kev.clone().unwrap_or_else(|| Source::Hub {
+        repo: opts.pins.kev.repo.clone(),
+        revision: opts.pins.kev.revision.clone(),
+    });
+    let base_src = opts.base.clone().unwrap_or_else(|| Source::Hub {
+        repo: opts.pins.base.repo.clone(),
+        revision: opts.pins.base.revision.clone(),
+    });
+    check_output(&opts.out)?;
+
+    // 1 + 2: fetch and verify. The base index decides which shards exist, so it is verified first.
+    let mut inputs: Vec<FileRecord> = Vec::new();
+    let mut kev = resolve(&client, "kev", &kev_src, &opts.pins.kev, opts.pins_explicit)?;
+    fetch_files(&client, &mut kev, &KEV_FILES)?;
+    kev.repin(&opts.pins.kev);
+    let progress = opts.hub.progress;
+    // the small side first: a wrong Kev release is refused before gigabytes of base are fetched
+    inputs.extend(verify_files(&kev, &KEV_FILES, progress, &mut warnings)?);
+    let mut base = resolve(
+        &client,
+        "base",
+        &base_src,
+        &opts.pins.base,
+        opts.pins_explicit,
+    )?;
+    let index_name = "model.safetensors.index.json";
+    let has_index = match (&base.pin, &base.source) {
+        (Some(p), _) => p.file(index_name).is_some(),
+        (None, Source::Dir(d)) => d.join(index_name).is_file(),
+        (None, Source::Hub { repo, revision }) => client.exists(repo, revision, index_name)?,
+    };
+    let first: Vec<&str> = if has_index {
+        vec!["config.json", index_name]
+    } else {
+        vec!["config.json", "model.safetensors"]
+    };
+    fetch_files(&client, &mut base, &first)?;
+    base.repin(&opts.pins.base);
+    inputs.extend(verify_files(&base, &first, progress, &mut warnings)?);
+    let shard_names: Vec<String> = if has_index {
+        shard_list(base.path(index_name)?)?
+    } else {
+        vec!["model.safetensors".to_string()]
+    };
+    let shard_refs: Vec<&str> = shard_names.iter().map(String::as_str).collect();
+    if has_index {
+        fetch_files(&client, &mut base, &shard_refs)?;
+        inputs.extend(verify_files(&base, &shard_refs, progress, &mut warnings)?);
+    }
+    inputs.sort_by(|a, b| (&a.role, &a.name).cmp(&(&b.role, &b.name)));
+    tracing::info!(
+        files = inputs.len(),
+        bytes = inputs.iter().map(|r| r.size).sum::<u64>(),
+        seconds = started.elapsed().as_secs_f64(),
+        "inputs fetched and verified"
+    );
+
+    // The head must name the base being merged.
+    let head = KevHead::read_pt(kev.path("head.pt")?)?;
+    let expected_base = match (&base.pin, &base.source) {
+        (Some(p), _) => Some((p.repo.clone(), p.revision.clone())),
+        (None, Source::Hub { repo, .. }) => base.commit.clone().map(|c| (repo.clone(), c)),
+        (None, Source::Dir(d)) => {
+            warn(
+                &mut warnings,
+                format!(
+                    "the base directory {} is unpinned: cannot check that it is {}@{} as head.pt says",
+                    d.display(),
+                    head.meta.base,
+                    head.meta.base_revision
+                ),
+            );
+            None
+        }
+    };
+    if let Some((repo, rev)) = expected_base
+        && (head.meta.base != repo || head.meta.base_revision != rev)
+    {
+        return Err(PrepareError::HeadBase {
+            found_base: head.meta.base.clone(),
+            found_revision: head.meta.base_revision.clone(),
+            expected_base: repo,
+            expected_revision: rev,
+        });
+    }
+
+    let config_path = base.path("config.json")?;
+    let config_json = read_json(config_path)?;
+    let hidden = config_json
+        .get("text_config")
+        .unwrap_or(&config_json)
+        .get("hidden_size")
+        .and_then(serde_json::Value::as_u64);
+    if let Some(h) = hidden
+        && h != head.hidden_size() as u64
+    {
+        return Err(PrepareError::HeadWidth {
+            head: head.hidden_size(),
+            base: h,
+        });
+    }
+
+    // 3: the adapter, mapped onto the base's tensor names.
+    let store = open_base_store(&base, &shard_names)?;
+    let config = AdapterConfig::from_file(kev.path("adapter_config.json")?)?;
+    if let Some(rank) = head.meta.lora_rank()
+        && rank != config.r
+    {
+        return Err(PrepareError::HeadAdapter {
+            head: rank,
+            adapter: config.r,
+        });
+    }
+    let weights_path = kev.path("adapter_model.safetensors")?;
+    let weights = TensorStore::open_files(
+        weights_path.parent().unwrap_or(Path::new(".")),
+        &[weights_path.to_path_buf()],
+    )?;
+    let adapter = Adapter::from_parts(config, &weights, &store)?;
+    drop(weights);
+    drop(store);
+
+    let staging = staging_dir(&opts.out);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
+    }
+    std::fs::create_dir_all(&staging).map_err(io_err(&staging))?;
+
+    let bar = progress_bar(opts.hub.progress, "merge + export");
+    let shards: Vec<(String, PathBuf)> = shard_names
+        .iter()
+        .map(|n| Ok((n.clone(), base.path(n)?.to_path_buf())))
+        .collect::<Result<_, PrepareError>>()?;
+    let t_export = std::time::Instant::now();
+    let result = export::export_shards(&shards, &adapter, opts.extras, &staging, &bar)?;
+    tracing::info!(
+        merged = result.merged,
+        copied = result.copied,
+        bytes = result.total_size,
+        seconds = t_export.elapsed().as_secs_f64(),
+        "merged and exported"
+    );
+    bar.finish_and_clear();
+
+    // 4: the rest of the directory.
+    let mut outputs: Vec<FileRecord> = result
+        .shards
+        .iter()
+        .map(|s| FileRecord {
+            role: None,
+            name: s.name.clone(),
+            size: s.size,
+            sha256: s.sha256.clone(),
+        })
+        .collect();
+    let write = |name: &str, text: &str| -> Result<(), PrepareError> {
+        let p = staging.join(name);
+        std::fs::write(&p, text).map_err(io_err(&p))
+    };
+    write(index_name, &export::index_json(&result))?;
+    let config_out = if opts.extras.keep_visual {
+        config_json
+    } else {
+        export::text_config(&config_json).map_err(|message| PrepareError::Json {
+            path: config_path.to_path_buf(),
+            message,
+        })?
+    };
+    let mut config_text = serde_json::to_string_pretty(&config_out)
+        .map_err(|e| PrepareError::Internal(e.to_string()))?;
+    config_text.push('\n');
+    write("config.json", &config_text)?;
+    let tok_src = kev.path("tokenizer.json")?;
+    std::fs::copy(tok_src, staging.join("tokenizer.json")).map_err(io_err(tok_src))?;
+    let delimiters = Delimiters::from_tokenizer_json(tok_src)?;
+    let head_sha = inputs
+        .iter()
+        .find(|r| r.role.as_deref() == Some("kev") && r.name == "head.pt")
+        .map(|r| r.sha256.clone())
+        .unwrap_or_default();
+    let provenance = HeadProvenance {
+        source: match &kev.source {
+            Source::Hub { repo, .. } => repo.clone(),
+            Source::Dir(d) => d.display().to_string(),
+        },
+        revision: kev.commit.clone(),
+        head_pt_sha256: head_sha,
+    };
+    head.write_prepared(&staging, &delimiters, &provenance)?;
+    for name in [
+        index_name,
+        "config.json",
+        "tokenizer.json",
+        kev_release::head::HEAD_SAFETENSORS,
+        kev_release::head::HEAD_JSON,
+    ] {
+        let h = FileHashes::of_file_with(&staging.join(name), false, |_| {})?;
+        outputs.push(FileRecord {
+            role: None,
+            name: name.to_string(),
+            size: h.size,
+            sha256: h.sha256,
+        });
+    }
+    outputs.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let mut notes = BTreeMap::new();
+    notes.insert(
+        "extras".to_string(),
+        format!(
+            "model.visual.* {}, mtp.* {}",
+            if opts.extras.keep_visual {
+                "kept"
+            } else {
+                "dropped"
+            },
+            if opts.extras.keep_mtp {
+                "kept"
+            } else {
+                "dropped"
+            }
+        ),
+    );
+    for (i, w) in warnings.iter().enumerate() {
+        notes.insert(format!("warning.{i}"), w.clone());
+    }
+    let manifest = Manifest {
+        format_version: MANIFEST_FORMAT_VERSION,
+        tool: concat!("kev ", env!("CARGO_PKG_VERSION")).to_string(),
+        pins: (kev.pin.is_some() || base.pin.is_some()).then(|| opts.pins.name.clone()),
+        sources: [&kev, &base].iter().map(|r| source_record(r)).collect(),
+        inputs,
+        outputs,
+        merge: MergeRecord {
+            r: adapter.config().r,
+            lora_alpha: adapter.config().lora_alpha,
+            scale: adapter.scale(),
+            merged_modules: result.merged,
+            copied_tensors: result.copied,
+            dropped_tensors: result.dropped.clone(),
+        },
+        notes,
+    };
+    manifest.write(&staging)?;
+    if opts.out.exists() {
+        // check_output allowed only an empty directory
+        std::fs::remove_dir(&opts.out).map_err(io_err(&opts.out))?;
+    }
+    std::fs::rename(&staging, &opts.out).map_err(io_err(&opts.out))?;
+    Ok(PrepareReport {
+        out: opts.out.clone(),
+        manifest,
+        warnings,
+    })
+}
+
+fn warn(warnings: &mut Vec<String>, w: String) {
+    if !warnings.contains(&w) {
+        tracing::warn!("{w}");
+        warnings.push(w);
+    }
+}
+
+fn staging_dir(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".kev-partial");
+    out.with_file_name(name)
+}
+
+fn check_output(out: &Path) -> Result<(), PrepareError> {
+    if out.as_os_str().is_empty() || out.file_name().is_none() {
+        return Err(PrepareError::Usage(format!(
+            "--out {}: not a directory name",
+            out.display()
+        )));
+    }
+    match std::fs::read_dir(out) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(PrepareError::OutputExists(out.to_path_buf()));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PrepareError::Io {
+            path: out.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+fn resolve(
+    client: &HubClient,
+    role: &'static str,
+    source: &Source,
+    pins: &RepoPin,
+    pins_explicit: bool,
+) -> Result<Resolved, PrepareError> {
+    match source {
+        Source::Hub { repo, revision } => {
+            // Pinned when it is the pinned repository at the pinned commit (or a name for it).
+            // Online, a branch or tag is resolved afresh by the first download; offline, by the cache.
+            let resolved_commit = if hub::is_commit(revision) {
+                Some(revision.clone())
+            } else if client.config().offline {
+                client.cached_commit(repo, revision)
+            } else {
+                None
+            };
+            let pinned = *repo == pins.repo
+                && (revision == &pins.revision
+                    || resolved_commit.as_deref() == Some(&pins.revision));
+            Ok(Resolved {
+                role,
+                source: source.clone(),
+                pin: pinned.then(|| pins.clone()),
+                commit: resolved_commit,
+                files: BTreeMap::new(),
+                etags: BTreeMap::new(),
+                dir: PathBuf::new(),
+                from_hub: true,
+            })
+        }
+        Source::Dir(d) => {
+            if !d.is_dir() {
+                return Err(PrepareError::MissingFile {
+                    role,
+                    path: d.clone(),
+                });
+            }
+            // recorded in the manifest: an absolute path says where the files really were
+            let d = std::fs::canonicalize(d).map_err(io_err(d))?;
+            Ok(Resolved {
+                role,
+                source: Source::Dir(d.clone()),
+                pin: pins_explicit.then(|| pins.clone()),
+                commit: pins_explicit.then(|| pins.revision.clone()),
+                files: BTreeMap::new(),
+                etags: BTreeMap::new(),
+                dir: d,
+                from_hub: false,
+            })
+        }
+    }
+}
+
+fn fetch_files(client: &HubClient, r: &mut Resolved, names: &[&str]) -> Result<(), PrepareError> {
+    for &name in names {
+        if r.files.contains_key(name) {
+            continue;
+        }
+        let path = match &r.source {
+            Source::Dir(d) => {
+                let p = d.join(name);
+                if !p.is_file() {
+                    return Err(PrepareError::MissingFile {
+                        role: r.role,
+                        path: p,
+                    });
+                }
+                p
+            }
+            Source::Hub { repo, revision } => {
+                let rev = r.commit.clone().unwrap_or_else(|| revision.clone());
+                let f = client.fetch(repo, &rev, name)?;
+                if r.commit.is_none() {
+                    // the first answer fixes the commit: every later file comes from the same one
+                    r.commit = Some(f.commit.clone());
+                }
+                if let Some(parent) = f.path.parent()
+                    && r.dir.as_os_str().is_empty()
+                {
+                    // the snapshot directory of the commit (files may live in sub-folders)
+                    let depth = Path::new(name).components().count();
+                    let mut d = parent.to_path_buf();
+                    for _ in 1..depth {
+                        d.pop();
+                    }
+                    r.dir = d;
+                }
+                if let Some(e) = f.etag {
+                    r.etags.insert(name.to_string(), e);
+                }
+                f.path
+            }
+        };
+        r.files.insert(name.to_string(), path);
+    }
+    Ok(())
+}
+
+impl Resolved {
+    /// A Hub branch or tag that turned out to be the pinned commit is pinned after all.
+    fn repin(&mut self, pins: &RepoPin) {
+        if let Source::Hub { repo, .. } = &self.source
+            && self.pin.is_none()
+            && *repo == pins.repo
+            && self.commit.as_deref() == Some(pins.revision.as_str())
+        {
+            self.pin = Some(pins.clone());
+        }
+    }
+}
+
+fn pin_hint(r: &Resolved, path: &Path) -> String {
+    if r.from_hub {
+        format!(
+            "the cached copy is damaged or the Hub serves other bytes: delete {} (and the blob it links to) to download it again; \
+             to use different files knowingly, pin them with --pins FILE",
+            path.display()
+        )
+    } else {
+        "this directory is not an untouched copy of the pinned release: restore the file from the Hub, \
+         or leave out --pins to use the directory as an unpinned source (it is then hashed and recorded, with a warning)"
+            .to_string()
+    }
+}
+
+fn verify_files(
+    r: &Resolved,
+    names: &[&str],
+    progress: bool,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<FileRecord>, PrepareError> {
+    let mut jobs: Vec<(&str, &Path, Option<&PinnedFile>)> = Vec::new();
+    for &name in names {
+        let path = r.path(name)?;
+        let pin = match &r.pin {
+            Some(p) => Some(p.file(name).ok_or_else(|| PrepareError::NotPinned {
+                repo: p.repo.clone(),
+                revision: p.revision.clone(),
+                file: name.to_string(),
+            })?),
+            None => None,
+        };
+        jobs.push((name, path, pin));
+    }
+    if r.pin.is_none() && !names.is_empty() {
+        let w = format!(
+            "{} source {} is unpinned: its files are hashed and recorded in the manifest, not checked",
+            r.role,
+            r.label()
+        );
+        warn(warnings, w);
+    }
+    let total: u64 = jobs
+        .iter()
+        .map(|(_, p, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let bar = progress_bar(progress && total > (64 << 20), "verify");
+    bar.set_length(total);
+    // Two files hash at once: sha256 + sha1 keep one core busy each.
+    let hashed: Vec<Result<FileHashes, PrepareError>> = jobs
+        .par_iter()
+        .with_max_len(1)
+        .map(|(name, path, pin)| {
+            let git = pin.is_some_and(|p| p.kind == DigestKind::GitSha1)
+                || r.etags.get(*name).is_some_and(|e| e.len() == 40);
+            Ok(FileHashes::of_file_with(path, git, |n| bar.inc(n))?)
+        })
+        .collect();
+    bar.finish_and_clear();
+    let mut records = Vec::new();
+    for ((name, path, pin), h) in jobs.iter().zip(hashed) {
+        let h = h?;
+        if let (Some(pin), Some(repo)) = (pin, &r.pin) {
+            let what = match pin.check(&h) {
+                PinCheck::Ok => None,
+                PinCheck::Size { expected, found } => Some(format!(
+                    "size {found} bytes, pinned {expected} bytes; {} {}, pinned {}",
+                    pin.kind,
+                    h.get(pin.kind).unwrap_or("?"),
+                    pin.digest
+                )),
+                PinCheck::Digest {
+                    kind,
+                    expected,
+                    found,
+                } => Some(format!("{kind} {found}, pinned {expected}")),
+            };
+            if let Some(what) = what {
+                return Err(PrepareError::PinMismatch(Box::new(PinMismatch {
+                    repo: repo.repo.clone(),
+                    revision: repo.revision.clone(),
+                    file: name.to_string(),
+                    against: "the pinned release",
+                    path: path.to_path_buf(),
+                    what,
+                    hint: pin_hint(r, path),
+                })));
+            }
+        }
+        // Unpinned Hub files still carry the Hub's own id: the cached copy must match it.
+        if pin.is_none()
+            && let Some(etag) = r.etags.get(*name)
+        {
+            let (kind, found) = match etag.len() {
+                64 => (DigestKind::Sha256, Some(h.sha256.as_str())),
+                40 => (DigestKind::GitSha1, h.git_sha1.as_deref()),
+                _ => (DigestKind::Sha256, None),
+            };
+            if let Some(found) = found
+                && !found.eq_ignore_ascii_case(etag)
+            {
+                let repo = match &r.source {
+                    Source::Hub { repo, .. } => repo.clone(),
+                    Source::Dir(d) => d.display().to_string(),
+                };
+                return Err(PrepareError::PinMismatch(Box::new(PinMismatch {
+                    repo,
+                    revision: r.commit.clone().unwrap_or_default(),
+                    file: name.to_string(),
+                    against: "the Hub's id for it",
+                    path: path.to_path_buf(),
+                    what: format!("{kind} {found}, the Hub's id {etag}"),
+                    hint: pin_hint(r, path),
+                })));
+            }
+        }
+        records.push(FileRecord {
+            role: Some(r.role.to_string()),
+            name: name.to_string(),
+            size: h.size,
+            sha256: h.sha256,
+        });
+    }
+    Ok(records)
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, PrepareError> {
+    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+    serde_json::from_str(&text).map_err(|e| PrepareError::Json {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn shard_list(index: &Path) -> Result<Vec<String>, PrepareError> {
+    let v = read_json(index)?;
+    let bad = |message: &str| PrepareError::Json {
+        path: index.to_path_buf(),
+        message: message.to_string(),
+    };
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no weight_map"))?;
+    let mut names: Vec<String> = Vec::new();
+    for f in map.values() {
+        let f = f
+            .as_str()
+            .ok_or_else(|| bad("weight_map values must be file names"))?;
+        if f.contains("..") || f.starts_with('/') || f.contains('\\') {
+            return Err(bad("shard names must stay inside the repository"));
+        }
+        if !names.iter().any(|n| n == f) {
+            names.push(f.to_string());
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        return Err(bad("weight_map is empty"));
+    }
+    Ok(names)
+}
+
+fn open_base_store(base: &Resolved, shards: &[String]) -> Result<TensorStore, PrepareError> {
+    let paths: Vec<PathBuf> = shards
+        .iter()
+        .map(|n| Ok(base.path(n)?.to_path_buf()))
+        .collect::<Result<_, PrepareError>>()?;
+    Ok(TensorStore::open_files(&base.dir, &paths)?)
+}
+
+fn source_record(r: &Resolved) -> SourceRecord {
+    let (repo, revision, local_dir) = match &r.source {
+        Source::Hub { repo, revision } => (Some(repo.clone()), Some(revision.clone()), None),
+        Source::Dir(d) => (
+            r.pin.as_ref().map(|p| p.repo.clone()),
+            r.pin.as_ref().map(|p| p.revision.clone()),
+            Some(d.display().to_string()),
+        ),
+    };
+    SourceRecord {
+        role: r.role.to_string(),
+        repo,
+        revision,
+        commit: r.commit.clone(),
+        local_dir,
+        pinned: r.pin.is_some(),
+    }
+}
+
+fn progress_bar(enabled: bool, label: &str) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(
+        "{msg:16} {bar:40} {bytes:>10}/{total_bytes:<10} {bytes_per_sec:>12} {eta:>4}",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message(label.to_string());
+    bar
+}

@@ -7,9 +7,22 @@
 //! - [`merge`]: the LoRA merge `bf16(fp32(W) + (B @ A) · alpha/r)`, bit-exact with the author's merge.
 //! - [`head`]: `head.pt` (torch zip + pickle) read without torch; `head.safetensors` + `kev_head.json`.
 //! - [`manifest`]: digests (sha256, git blob sha1), pins, the prepared directory's `manifest.json`.
+//! - [`stream`]: safetensors read and written one tensor at a time (exports with bounded memory).
+//! - [`pickle`]: the safe subset of Python's pickle that `torch.save` archives use.
+#![deny(missing_docs)]
 
 pub mod adapter;
 pub mod head;
 pub mod manifest;
 pub mod merge;
+pub mod pickle;
 pub mod shards;
+pub mod stream;
+
+pub use adapter::{Adapter, AdapterConfig, AdapterError, LoraWeights};
+pub use head::{Delimiters, HeadError, HeadMeta, HeadProvenance, KevHead, Linear, PreparedHead};
+pub use manifest::{
+    DigestKind, FileHashes, Manifest, ManifestError, PinnedFile, ReleasePins, RepoPin, verify,
+};
+pub use merge::{MergeError, merge_weight};
+pub use shards::{Dtype, ShardError, TensorStore, TensorView};

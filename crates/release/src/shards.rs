@@ -280,6 +280,29 @@ impl TensorStore {
         })
     }
 
+    /// Drop the mapped pages of one tensor from this process's resident set (`MADV_DONTNEED` on its byte
+    /// range, widened to whole pages). The file stays in the page cache and a later read maps it back in,
+    /// so this changes no value; it lets a loader that copies tensors into its own layout keep its peak
+    /// RSS near the size of the copy instead of copy + mapped file. Unknown names and unsupported
+    /// platforms are a no-op.
+    pub fn release(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some(e) = self.tensors.get(name) {
+            let map = &self.files[e.file].1;
+            // SAFETY: the map is read-only and file-backed, so after MADV_DONTNEED the kernel re-reads
+            // the same file bytes on the next access; no borrowed view can observe a change.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    e.start,
+                    e.end - e.start,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = name;
+    }
+
     /// The prefix under which the Qwen3.5 text decoder is stored: `model.language_model.`, `model.` or `""`.
     pub fn text_prefix(&self) -> Result<&'static str, ShardError> {
         ["model.language_model.", "model.", ""]

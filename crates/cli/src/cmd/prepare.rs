@@ -1,9 +1,98 @@
+//! `kev prepare`: fetch (or read), verify, merge and export the Kev release into an engine-ready
+//! directory. All the work is in `kev-prepare`; this maps flags onto its options.
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Not built yet.
-#[derive(clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use kev_prepare::{ExtrasPolicy, HubConfig, PrepareOptions, Source};
+use kev_release::ReleasePins;
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("this subcommand is not built yet")
+/// Fetch, verify and merge the pinned release into an engine-ready directory.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The Kev repository on the Hub, `owner/name@revision` (default: the pinned Kev-4B v1.0).
+    #[arg(long, value_name = "REPO@REV", conflicts_with = "kev_dir")]
+    kev: Option<String>,
+    /// A local directory with the Kev repository's files instead of the Hub.
+    #[arg(long, value_name = "DIR")]
+    kev_dir: Option<PathBuf>,
+    /// The base repository on the Hub, `owner/name@revision` (default: the pinned Qwen3.5-4B-Base).
+    #[arg(long, value_name = "REPO@REV", conflicts_with = "base_dir")]
+    base: Option<String>,
+    /// A local directory with the base repository's files instead of the Hub.
+    #[arg(long, value_name = "DIR")]
+    base_dir: Option<PathBuf>,
+    /// The directory to create (must not exist, or be empty).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Keep the vision tower (`model.visual.*`), the base's composite config.json and its shard
+    /// names: the layout of the published merged artifact, which still loads as the full base model.
+    #[arg(long)]
+    keep_extras: bool,
+    /// Also keep the MTP head (`mtp.*`), which no loader of this model uses.
+    #[arg(long)]
+    keep_mtp: bool,
+    /// A pins file (JSON: the shape `kev_release::ReleasePins` writes) instead of the built-in
+    /// Kev-4B v1.0 pins; local directories are then checked against it too.
+    #[arg(long, value_name = "FILE")]
+    pins: Option<PathBuf>,
+    /// Use only the Hub cache (same as HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    offline: bool,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let mut opts = PrepareOptions::new(args.out.clone());
+    if let Some(p) = &args.pins {
+        opts.pins = ReleasePins::from_json_file(p)
+            .with_context(|| format!("reading pins {}", p.display()))?;
+        opts.pins_explicit = true;
+    }
+    opts.kev = match (&args.kev, &args.kev_dir) {
+        (Some(s), _) => Some(Source::parse_hub(s)?),
+        (None, Some(d)) => Some(Source::Dir(d.clone())),
+        (None, None) => None,
+    };
+    opts.base = match (&args.base, &args.base_dir) {
+        (Some(s), _) => Some(Source::parse_hub(s)?),
+        (None, Some(d)) => Some(Source::Dir(d.clone())),
+        (None, None) => None,
+    };
+    opts.extras = ExtrasPolicy {
+        keep_visual: args.keep_extras,
+        keep_mtp: args.keep_mtp,
+    };
+    let mut hub = HubConfig::from_env();
+    hub.offline |= args.offline;
+    hub.progress = !args.quiet;
+    opts.hub = hub;
+
+    let started = std::time::Instant::now();
+    let report = kev_prepare::prepare(&opts)?;
+    let m = &report.manifest;
+    // warnings were logged as they arose
+    eprintln!(
+        "kev: prepared {} in {:.1}s{}: {} modules merged, {} tensors copied, {} dropped, {} files",
+        report.out.display(),
+        started.elapsed().as_secs_f64(),
+        peak_rss()
+            .map(|kb| format!(" (peak RSS {:.0} MiB)", kb as f64 / 1024.0))
+            .unwrap_or_default(),
+        m.merge.merged_modules,
+        m.merge.copied_tensors,
+        m.merge.dropped_tensors.len(),
+        m.outputs.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Peak resident set size of this process in KiB (Linux `VmHWM`), for the summary line.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
