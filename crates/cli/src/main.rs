@@ -2,6 +2,7 @@
 //! subcommand, map its `Result` to an exit code (0 ok, 1 failure, 2 invalid input).
 
 mod cmd;
+mod loading;
 mod model_args;
 
 use std::process::ExitCode;

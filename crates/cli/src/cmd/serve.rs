@@ -1,9 +1,222 @@
+//! `kev serve`: the SystemOne HTTP API over a local model.
+//!
+//! The model is named like every other command (`--model DIR` or `--base DIR --kev DIR`), or `--demo`
+//! (the bundled synthetic release), or nothing: then the prepared Kev-4B v1.0 from the kev cache, prepared
+//! first (downloaded, verified, merged) when absent.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// Not built yet.
+use anyhow::Context;
+use kev_decide::{Job, Kev, ModelInfo, Settings};
+use kev_engine::CpuBackend;
+use kev_server::{Admission, ApiError, Decider, EngineStats, ServerConfig};
+use serde_json::Value;
+
+use crate::loading::{ServiceArgs, demo_release, load};
+use crate::model_args::ModelArgs;
+
+/// Serve the SystemOne HTTP API.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    service: ServiceArgs,
+    /// Serve the bundled synthetic release (random weights in the real formats) so anyone can try the API.
+    #[arg(long, conflicts_with_all = ["model", "base", "kev"])]
+    demo: bool,
+    /// Address to bind.
+    #[arg(long, env = "KEV_HOST", default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to bind.
+    #[arg(long, env = "KEV_PORT", default_value_t = 8009)]
+    port: u16,
+    /// Requests allowed to wait for the engine; beyond it requests get 429 at once.
+    #[arg(long, env = "KEV_QUEUE_DEPTH", default_value_t = 64)]
+    queue_depth: usize,
+    /// Longest a request may wait in the queue before it is answered 529 (milliseconds).
+    #[arg(long, env = "KEV_QUEUE_DEADLINE_MS", default_value_t = 60_000)]
+    queue_deadline_ms: u64,
+    /// Largest request body accepted, after decompression (bytes).
+    #[arg(long, env = "KEV_MAX_BODY", default_value_t = 8 << 20)]
+    max_body: usize,
+    /// Longest a whole request may take (seconds).
+    #[arg(long, env = "KEV_REQUEST_TIMEOUT_S", default_value_t = 300)]
+    request_timeout_s: u64,
+    /// Extra model names `/v1/models` lists and requests may use (`kev-latest` and `jev-latest` always are).
+    #[arg(long = "alias", env = "KEV_ALIASES", value_delimiter = ',')]
+    aliases: Vec<String>,
+    /// A file holding the API key (first line); `KEV_API_KEY` does the same. Without either the API is open.
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Where the default Kev-4B is prepared (default: $KEV_HOME or ~/.cache/kev, then `kev-4b-v1.0`).
+    #[arg(long, env = "KEV_MODEL_DIR", value_name = "DIR")]
+    model_dir: Option<PathBuf>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("this subcommand is not built yet")
+/// The decision service as the HTTP server sees it.
+struct ServedModel {
+    kev: Kev<CpuBackend>,
+    card: Value,
+}
+
+impl Decider for ServedModel {
+    type Job = Job;
+
+    fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
+        let job = self
+            .kev
+            .admit(body)
+            .map_err(|r| ApiError::with_body(r.status, r.body))?;
+        Ok(Admission {
+            tokens: job.tokens(),
+            job,
+        })
+    }
+
+    fn run(&self, jobs: Vec<Job>) -> Vec<Result<Value, ApiError>> {
+        let refs: Vec<&Job> = jobs.iter().collect();
+        self.kev
+            .run(&refs)
+            .into_iter()
+            .map(|r| match r {
+                Ok(d) => Ok(d.body),
+                Err(e) => {
+                    tracing::error!(error = %e, "decision failed");
+                    Err(ApiError::internal("engine"))
+                }
+            })
+            .collect()
+    }
+
+    fn warm_up(&self) -> Result<(), String> {
+        let body = br#"{"state":"Warm-up: the engine answers one real decision before it is ready.","questions":{"ready":{"type":"noul","instructions":"Is the engine ready?"},"kind":{"type":"choice","instructions":"Which kind of text is this?","criteria":{"notice":null,"question":null}},"level":{"type":"score","instructions":"How formal is it?","criteria":["casual","neutral","formal"]}}}"#;
+        let job = self.kev.admit(body).map_err(|r| r.body.to_string())?;
+        let out = self.kev.run(&[&job]).pop().ok_or("no result")?;
+        out.map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    fn model_card(&self) -> Value {
+        self.card.clone()
+    }
+
+    fn stats(&self) -> EngineStats {
+        let s = self.kev.stats();
+        EngineStats {
+            rows: s.rows,
+            passes: s.passes,
+            cache_hits: s.cache.hits,
+            cache_misses: s.cache.misses,
+            cache_bytes: s.cache.bytes,
+        }
+    }
+}
+
+pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
+    if args.demo {
+        let (base, kev) = demo_release()?;
+        args.model.base = Some(base);
+        args.model.kev = Some(kev);
+    } else if args.model.model.is_none() && args.model.base.is_none() {
+        args.model.model = Some(default_model(args.model_dir.clone())?);
+    }
+    let api_key = api_key(args.api_key_file.as_ref())?;
+    let (kev, info) = load(&args.model, &args.service)?;
+    let settings: Settings = kev.settings().clone();
+    let card = card(&info, &settings, args.demo);
+    let mut names = vec!["kev-latest".to_string(), "jev-latest".to_string()];
+    for a in &args.aliases {
+        if !a.is_empty() && !names.contains(a) {
+            names.push(a.clone());
+        }
+    }
+    let config = ServerConfig {
+        addr: SocketAddr::new(args.host, args.port),
+        api_key,
+        queue_depth: args.queue_depth.max(1),
+        queue_deadline: Duration::from_millis(args.queue_deadline_ms),
+        pass_tokens: settings.pass_tokens,
+        max_body: args.max_body,
+        request_timeout: Duration::from_secs(args.request_timeout_s.max(1)),
+        model_names: names,
+    };
+    tracing::info!(
+        auth = config.api_key.is_some(),
+        queue_depth = config.queue_depth,
+        names = ?config.model_names,
+        "starting the server"
+    );
+    let decider = Arc::new(ServedModel { kev, card });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(kev_server::serve(config, decider))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn card(info: &ModelInfo, settings: &Settings, demo: bool) -> Value {
+    let mut card = info.card(settings);
+    if demo && let Some(obj) = card.as_object_mut() {
+        obj.insert(
+            "description".into(),
+            Value::String(
+                "kev demo: the bundled synthetic release (random weights in the real Kev formats); answers are not meaningful".into(),
+            ),
+        );
+        obj.insert("x_demo".into(), Value::Bool(true));
+    }
+    card
+}
+
+fn api_key(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the API key file {}", path.display()))?;
+        let key = text.lines().next().unwrap_or("").trim().to_string();
+        if key.is_empty() {
+            anyhow::bail!("the API key file {} is empty", path.display());
+        }
+        return Ok(Some(key));
+    }
+    Ok(std::env::var("KEV_API_KEY").ok().filter(|k| !k.is_empty()))
+}
+
+/// The prepared Kev-4B v1.0, preparing it (download, verify, merge) when it is not there yet.
+fn default_model(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let dir = match dir {
+        Some(d) => d,
+        None => {
+            let home = std::env::var_os("KEV_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kev")))
+                .context("set KEV_HOME (or HOME) so kev knows where to keep the prepared model")?;
+            home.join("kev-4b-v1.0")
+        }
+    };
+    if dir.join("manifest.json").is_file() {
+        return Ok(dir);
+    }
+    tracing::info!(dir = %dir.display(), "no prepared Kev-4B yet: preparing it from the pinned release");
+    let opts = kev_prepare::PrepareOptions::new(dir.clone());
+    match kev_prepare::prepare(&opts) {
+        Ok(report) => {
+            for w in &report.warnings {
+                tracing::warn!("{w}");
+            }
+            Ok(dir)
+        }
+        Err(e) => anyhow::bail!(
+            "no model to serve: preparing the pinned Kev-4B v1.0 into {} failed: {e}\n\
+             With no network, point kev at local copies instead:\n  \
+             kev prepare --kev-dir KEV_REPO_DIR --base-dir BASE_REPO_DIR --out DIR && kev serve --model DIR\n\
+             or serve the release files directly: kev serve --base BASE_REPO_DIR --kev KEV_REPO_DIR\n\
+             (or try the API on the bundled synthetic release: kev serve --demo)",
+            dir.display()
+        ),
+    }
 }

@@ -1,0 +1,14 @@
+//! Decisions end to end: a request's rows → the state prefix run once (or taken from the prepared-state
+//! cache) → every question branch continued from a clone of that state, branches batched through the
+//! backbone's GEMMs → final-norm hidden states at the readout positions → pointer head → probabilities →
+//! answers and usage.
+#![deny(missing_docs)]
+
+pub mod cache;
+pub mod head;
+pub mod load;
+pub mod service;
+
+pub use head::PointerHead;
+pub use load::{LoadSpec, ModelInfo, Source, WeightForm, load_cpu};
+pub use service::{DecideError, Decision, Job, Kev, Refusal, Settings, Stats};

@@ -1,0 +1,277 @@
+//! Loading a Kev model for decisions, in either of its two forms:
+//!
+//! - a **prepared** directory (`kev prepare`): merged BF16 safetensors + text `config.json`,
+//!   `tokenizer.json`, `head.safetensors` + `kev_head.json`;
+//! - a **release**: the base repository's files (`--base`) and the Kev repository's (`--kev`: adapter,
+//!   `head.pt`, `tokenizer.json`). The LoRA is merged at load exactly as `kev prepare` merges it
+//!   (`merged`, the default) or kept unmerged in fp32 (`exact`, the author's reference arm).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use kev_engine::{Arm, Backbone, CpuBackend, Kernels, LoadOptions};
+use kev_release::head::{KevHead, PreparedHead};
+use kev_tokenize::KevTokenizer;
+use serde_json::{Value, json};
+
+use crate::head::PointerHead;
+use crate::service::{Kev, Settings};
+
+/// Where the model's files are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A prepared directory.
+    Prepared(PathBuf),
+    /// The two release directories.
+    Release {
+        /// Base repository files (config.json, sharded safetensors).
+        base: PathBuf,
+        /// Kev repository files (adapter, head.pt, tokenizer.json).
+        kev: PathBuf,
+    },
+}
+
+/// How the LoRA reaches the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightForm {
+    /// One BF16 matrix per projection, `bf16(fp32(W) + (B@A)·s)`.
+    Merged,
+    /// The base weight plus the LoRA applied unmerged in fp32 at run time.
+    Exact,
+}
+
+impl WeightForm {
+    /// `merged` or `exact`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightForm::Merged => "merged",
+            WeightForm::Exact => "exact",
+        }
+    }
+}
+
+impl std::str::FromStr for WeightForm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "merged" => Ok(WeightForm::Merged),
+            "exact" => Ok(WeightForm::Exact),
+            o => Err(format!("unknown weight form `{o}` (merged, exact)")),
+        }
+    }
+}
+
+/// Everything needed to load a model for decisions.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// Files.
+    pub source: Source,
+    /// Weight form.
+    pub form: WeightForm,
+    /// Compute arm; `None` picks bf16 where the CPU has native BF16 dot products, else fp32.
+    pub arm: Option<Arm>,
+    /// Service settings.
+    pub settings: Settings,
+}
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The combination asked for does not exist.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The backbone.
+    #[error(transparent)]
+    Engine(#[from] kev_engine::EngineError),
+    /// The head files.
+    #[error(transparent)]
+    Head(#[from] kev_release::head::HeadError),
+    /// The head does not fit the backbone.
+    #[error(transparent)]
+    HeadShape(#[from] crate::head::HeadShapeError),
+    /// The tokenizer.
+    #[error(transparent)]
+    Tokenizer(#[from] kev_tokenize::LoadError),
+}
+
+/// What was loaded, for logs, `/v1/models` and reports.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// `prepared DIR` or `release BASE + KEV`.
+    pub source: String,
+    /// `merged` / `exact`.
+    pub form: WeightForm,
+    /// The compute arm in force.
+    pub arm: Arm,
+    /// The backend's own description (ISA, arm).
+    pub backend: String,
+    /// The base model the head names.
+    pub base: String,
+    /// Its revision.
+    pub base_revision: String,
+    /// LoRA rank as stored in the head metadata.
+    pub lora: Value,
+    /// Softmax temperature.
+    pub temperature: f64,
+    /// `YYYY-MM-DD`: the head file's modification date (no network is asked).
+    pub release_date: String,
+    /// Bytes of backbone weights held in memory.
+    pub weight_bytes: usize,
+}
+
+impl ModelInfo {
+    /// The `/v1/models` card fields other than `name`.
+    pub fn card(&self, settings: &Settings) -> Value {
+        json!({
+            "description": format!(
+                "Kev pointer head on {}, serving {} weights ({} compute) at temperature {:.2}",
+                self.base, self.form.name(), self.arm.name(), self.temperature
+            ),
+            "release_date": self.release_date,
+            "x_base": self.base,
+            "x_base_revision": self.base_revision,
+            "x_lora": self.lora,
+            "x_device": "cpu",
+            "x_backend": self.backend,
+            "x_precision": self.arm.name(),
+            "x_weights": self.form.name(),
+            "x_temperature": self.temperature,
+            "x_max_state_tokens": settings.limits.max_state_tokens,
+            "x_max_row_tokens": settings.limits.max_row_tokens,
+            "x_truncate_states": settings.limits.truncate_state,
+            "x_prefix_cache": {"bytes": settings.cache_bytes, "chunk_aligned": settings.chunk_aligned},
+            "x_pass_tokens": settings.pass_tokens,
+        })
+    }
+}
+
+/// The compute arm a CPU gets by default: bf16 with native BF16 dot products, else fp32.
+pub fn default_arm() -> Arm {
+    if Kernels::detect().isa() == kev_engine::kernels::Isa::Avx512Bf16 {
+        Arm::Bf16
+    } else {
+        Arm::Fp32
+    }
+}
+
+/// Load a model on the CPU.
+pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
+    let arm = spec.arm.unwrap_or_else(default_arm);
+    let (backbone, head, head_path, tok_path, desc) = match (&spec.source, spec.form) {
+        (Source::Prepared(dir), WeightForm::Merged) => {
+            let backbone = Backbone::load(dir, &LoadOptions::default())?;
+            let head = PreparedHead::read(dir)?.head;
+            (
+                backbone,
+                head,
+                dir.join("head.safetensors"),
+                dir.join("tokenizer.json"),
+                format!("prepared {}", dir.display()),
+            )
+        }
+        (Source::Prepared(_), WeightForm::Exact) => {
+            return Err(LoadError::Unsupported(
+                "--weights exact keeps the LoRA unmerged, so it needs the release files: use --base DIR --kev DIR"
+                    .into(),
+            ));
+        }
+        (Source::Release { .. }, WeightForm::Merged) => {
+            return Err(LoadError::Unsupported(
+                "merging a release at load is not built yet: run `kev prepare`, then pass --model"
+                    .into(),
+            ));
+        }
+        (Source::Release { base, kev }, WeightForm::Exact) => {
+            let opts = LoadOptions {
+                adapter: Some(kev.clone()),
+                ..LoadOptions::default()
+            };
+            let backbone = Backbone::load(base, &opts)?;
+            let head = KevHead::read_pt(&kev.join("head.pt"))?;
+            (
+                backbone,
+                head,
+                kev.join("head.pt"),
+                kev.join("tokenizer.json"),
+                format!("release {} + {}", base.display(), kev.display()),
+            )
+        }
+    };
+    let hidden = backbone.config().hidden_size;
+    let pointer = PointerHead::new(&head, hidden)?;
+    let tokenizer = KevTokenizer::from_file(&tok_path)?;
+    let weight_bytes = backbone.weight_bytes();
+    let backend = CpuBackend::new(Arc::new(backbone), arm);
+    let info = ModelInfo {
+        source: desc,
+        form: spec.form,
+        arm,
+        backend: kev_engine::Backend::describe(&backend),
+        base: head.meta.base.clone(),
+        base_revision: head.meta.base_revision.clone(),
+        lora: head.meta.lora.clone(),
+        temperature: head.meta.temperature,
+        release_date: file_date(&head_path),
+        weight_bytes,
+    };
+    let model_id = fnv1a(format!("{}|{}|{}", info.source, spec.form.name(), arm.name()).as_bytes());
+    let kev = Kev::new(backend, pointer, tokenizer, spec.settings.clone(), model_id);
+    tracing::info!(
+        source = %info.source,
+        weights = spec.form.name(),
+        precision = arm.name(),
+        backend = %info.backend,
+        weight_bytes,
+        "model loaded"
+    );
+    Ok((kev, info))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// A file's modification date as `YYYY-MM-DD` (UTC), or today's if it cannot be read.
+fn file_date(path: &Path) -> String {
+    let t = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| SystemTime::now());
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    civil_date(secs / 86_400)
+}
+
+/// Days since 1970-01-01 → `YYYY-MM-DD` (proleptic Gregorian; Howard Hinnant's algorithm).
+fn civil_date(days: u64) -> String {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::civil_date;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(20_363), "2025-10-02");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+    }
+}

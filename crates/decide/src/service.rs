@@ -1,0 +1,518 @@
+//! Requests in, responses out: the orchestration of one or many decisions over a [`Backend`].
+//!
+//! For a batch of admitted requests:
+//! 1. every distinct state prefix not in the prepared-state cache runs once (rows batched through the
+//!    GEMMs), its snapshot is cached;
+//! 2. every question branch of every request continues from a clone of its request's snapshot; branches
+//!    are packed into passes of at most `pass_tokens` tokens, each pass one batched forward;
+//! 3. the pointer head turns the hidden states at the readout positions into probabilities, and the
+//!    contract shapes answers and usage.
+//!
+//! **Exact sharing.** The snapshot is taken where the state prefix ends on a multiple of the GDN chunk
+//! (64 tokens) and the remaining `len % 64` state tokens run again at the front of every branch. A branch
+//! then meets exactly the arithmetic of the same row run from zero (the chunked delta rule splits at the
+//! same places, and the backend computes each row independently of its batch), so sharing and caching
+//! change no bit of any probability. It costs at most 63 extra tokens per question.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kev_contract::{ResponseBody, ValidRequest, shape_answers};
+use kev_engine::{Backend, BatchRow, EngineError};
+use kev_tokenize::{CompiledRequest, KevTokenizer, Limits};
+use serde_json::{Value, json};
+
+use crate::cache::{PrefixCache, Snapshot};
+use crate::head::PointerHead;
+
+/// The GDN chunk length: snapshots are taken at multiples of it.
+pub const CHUNK: usize = 64;
+
+/// Backend states whose size the cache can account for.
+pub trait StateBytes {
+    /// Bytes held by the state.
+    fn state_bytes(&self) -> usize;
+}
+
+impl StateBytes for kev_engine::State {
+    fn state_bytes(&self) -> usize {
+        self.bytes()
+    }
+}
+
+/// Tunables of the decision service.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Token limits (kev-contract §5.2) and truncate-state mode.
+    pub limits: Limits,
+    /// Largest number of tokens one forward pass takes (a longer single row still runs alone).
+    pub pass_tokens: usize,
+    /// Byte budget of the prepared-state cache (0 disables it).
+    pub cache_bytes: usize,
+    /// Snapshot at a multiple of the GDN chunk (exact sharing, see the module docs). Off: snapshot at
+    /// the end of the state (fewer tokens, equal to a from-zero row only to fp32 rounding).
+    pub chunk_aligned: bool,
+    /// Run every question as its own row from zero, as the author's reference does (no sharing, no
+    /// cache): for parity checks and benchmarks.
+    pub rows_from_zero: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            limits: Limits::KEV,
+            pass_tokens: 4096,
+            cache_bytes: 2 << 30,
+            chunk_aligned: true,
+            rows_from_zero: false,
+        }
+    }
+}
+
+/// A validated, compiled request waiting for the engine.
+pub struct Job {
+    request: ValidRequest,
+    compiled: CompiledRequest,
+}
+
+impl Job {
+    /// Tokens the request runs (`usage.input_tokens`).
+    pub fn tokens(&self) -> usize {
+        self.compiled.input_tokens()
+    }
+
+    /// The validated request.
+    pub fn request(&self) -> &ValidRequest {
+        &self.request
+    }
+
+    /// Its rows.
+    pub fn compiled(&self) -> &CompiledRequest {
+        &self.compiled
+    }
+}
+
+/// A client error: the HTTP status and body the contract prescribes.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// 422 (or 400 for an unreadable body).
+    pub status: u16,
+    /// FastAPI-style body.
+    pub body: Value,
+}
+
+/// A failure of ours while answering an accepted request.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    /// The backbone failed.
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    /// The probabilities could not be shaped into answers (a NaN, a count mismatch).
+    #[error("answers: {0}")]
+    Answer(#[from] kev_contract::AnswerError),
+    /// The answers could not be counted for usage.
+    #[error("usage: {0}")]
+    Usage(String),
+}
+
+/// One answered request.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Unrounded fp32 probabilities per question, in request order.
+    pub probabilities: Vec<Vec<f32>>,
+    /// The response body.
+    pub body: Value,
+}
+
+/// Counters since start.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    /// Rows run (state prefixes and branches).
+    pub rows: u64,
+    /// Forward passes run.
+    pub passes: u64,
+    /// Prepared-state cache counters.
+    pub cache: crate::cache::CacheStats,
+}
+
+/// The decision service over one loaded model.
+pub struct Kev<B: Backend> {
+    backend: B,
+    head: PointerHead,
+    tokenizer: KevTokenizer,
+    settings: Settings,
+    cache: PrefixCache<B::State>,
+    model_id: u64,
+    rows: AtomicU64,
+    passes: AtomicU64,
+}
+
+impl<B: Backend> Kev<B>
+where
+    B::State: StateBytes,
+{
+    /// Assemble a service. `model_id` identifies the weights, form and arm in cache keys.
+    pub fn new(
+        backend: B,
+        head: PointerHead,
+        tokenizer: KevTokenizer,
+        settings: Settings,
+        model_id: u64,
+    ) -> Self {
+        let cache = PrefixCache::new(settings.cache_bytes);
+        Kev {
+            backend,
+            head,
+            tokenizer,
+            settings,
+            cache,
+            model_id,
+            rows: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &KevTokenizer {
+        &self.tokenizer
+    }
+
+    /// The pointer head.
+    pub fn head(&self) -> &PointerHead {
+        &self.head
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            rows: self.rows.load(Ordering::Relaxed),
+            passes: self.passes.load(Ordering::Relaxed),
+            cache: self.cache.stats(),
+        }
+    }
+
+    /// Validate and compile a request body.
+    pub fn admit(&self, body: &[u8]) -> Result<Job, Refusal> {
+        let request = kev_contract::parse_request(body).map_err(|e| Refusal {
+            status: e.status(),
+            body: e.body(),
+        })?;
+        self.admit_request(request)
+    }
+
+    /// Compile an already validated request.
+    pub fn admit_request(&self, request: ValidRequest) -> Result<Job, Refusal> {
+        let compiled = self
+            .tokenizer
+            .compile(&request, &self.settings.limits)
+            .map_err(|e| Refusal {
+                status: e.status(),
+                body: e.body(),
+            })?;
+        Ok(Job { request, compiled })
+    }
+
+    /// Answer one request body end to end (`kev decide`).
+    pub fn decide(&self, body: &[u8]) -> Result<Result<Decision, DecideError>, Refusal> {
+        let job = self.admit(body)?;
+        Ok(self
+            .run(&[&job])
+            .pop()
+            .unwrap_or_else(|| Err(DecideError::Usage("no result".into()))))
+    }
+
+    /// Answer admitted requests together: their state prefixes and question branches share passes.
+    /// One result per job, in order.
+    pub fn run(&self, jobs: &[&Job]) -> Vec<Result<Decision, DecideError>> {
+        match self.probabilities(jobs) {
+            Ok(per_job) => jobs
+                .iter()
+                .zip(per_job)
+                .map(|(job, probs)| probs.and_then(|p| self.respond(job, p)))
+                .collect(),
+            Err(e) => {
+                let msg = e.to_string();
+                jobs.iter()
+                    .map(|_| Err(DecideError::Engine(EngineError::Input(msg.clone()))))
+                    .collect()
+            }
+        }
+    }
+
+    fn respond(&self, job: &Job, probabilities: Vec<Vec<f32>>) -> Result<Decision, DecideError> {
+        let answers = shape_answers(&job.request, &probabilities)?;
+        let output = self
+            .tokenizer
+            .output_tokens(&answers)
+            .map_err(|e| DecideError::Usage(e.to_string()))?;
+        let mut body = ResponseBody::new(
+            job.request.model(),
+            answers,
+            job.compiled.input_tokens(),
+            output,
+        );
+        if let Some(t) = job.compiled.truncation() {
+            body = t.apply(body);
+        }
+        Ok(Decision {
+            probabilities,
+            body: body.to_value(),
+        })
+    }
+
+    /// Where a job's shared snapshot ends.
+    fn split(&self, state_len: usize) -> usize {
+        if self.settings.rows_from_zero {
+            0
+        } else if self.settings.chunk_aligned {
+            state_len / CHUNK * CHUNK
+        } else {
+            state_len
+        }
+    }
+
+    /// Per job, its per-question probabilities (or that job's engine error).
+    #[allow(clippy::type_complexity)]
+    fn probabilities(
+        &self,
+        jobs: &[&Job],
+    ) -> Result<Vec<Result<Vec<Vec<f32>>, DecideError>>, EngineError> {
+        // 1. Snapshots: from the cache, or run each distinct missing prefix once.
+        let mut snapshots: Vec<Option<Snapshot<B::State>>> = Vec::with_capacity(jobs.len());
+        let mut missing: HashMap<&[u32], Vec<usize>> = HashMap::new();
+        let mut missing_order: Vec<&[u32]> = Vec::new();
+        for (j, job) in jobs.iter().enumerate() {
+            let ids = job.compiled.state_ids();
+            let aligned = self.split(ids.len());
+            if aligned == 0 {
+                snapshots.push(Some(Snapshot {
+                    state: self.backend.new_state(),
+                    aligned: 0,
+                }));
+                continue;
+            }
+            let cached = if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
+                self.cache.get(self.model_id, ids)
+            } else {
+                None
+            };
+            match cached {
+                Some(s) => snapshots.push(Some(s)),
+                None => {
+                    snapshots.push(None);
+                    let entry = missing.entry(ids).or_default();
+                    if entry.is_empty() {
+                        missing_order.push(ids);
+                    }
+                    entry.push(j);
+                }
+            }
+        }
+        let mut failed: Vec<Option<String>> = vec![None; jobs.len()];
+        let prefix_rows: Vec<(&[u32], usize)> = missing_order
+            .iter()
+            .map(|ids| (*ids, self.split(ids.len())))
+            .collect();
+        for pass in passes(
+            prefix_rows.iter().map(|(_, a)| *a),
+            self.settings.pass_tokens,
+        ) {
+            let mut states: Vec<B::State> = pass.iter().map(|_| self.backend.new_state()).collect();
+            let result = {
+                let mut rows: Vec<BatchRow<'_, B::State>> = states
+                    .iter_mut()
+                    .zip(&pass)
+                    .map(|(state, &i)| BatchRow {
+                        state,
+                        tokens: &prefix_rows[i].0[..prefix_rows[i].1],
+                        wanted: &[],
+                    })
+                    .collect();
+                self.count_pass(rows.len());
+                self.backend.forward(&mut rows)
+            };
+            match result {
+                Ok(_) => {
+                    for (state, &i) in states.into_iter().zip(&pass) {
+                        let (ids, aligned) = prefix_rows[i];
+                        let snap = Snapshot { state, aligned };
+                        if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
+                            let bytes = snap.state.state_bytes();
+                            self.cache.put(self.model_id, ids, snap.clone(), bytes);
+                        }
+                        for &j in &missing[ids] {
+                            snapshots[j] = Some(snap.clone());
+                        }
+                    }
+                }
+                Err(e) => {
+                    for &i in &pass {
+                        for &j in &missing[prefix_rows[i].0] {
+                            failed[j] = Some(e.to_string());
+                        }
+                    }
+                }
+            }
+        }
+
+        // 2. Branches: (job, question, tokens, wanted) packed into passes.
+        struct BranchRow {
+            job: usize,
+            tokens: Vec<u32>,
+            wanted: Vec<usize>,
+        }
+        let mut branch_rows: Vec<BranchRow> = Vec::new();
+        for (j, job) in jobs.iter().enumerate() {
+            let Some(snap) = &snapshots[j] else { continue };
+            let ids = job.compiled.state_ids();
+            let tail = &ids[snap.aligned..];
+            for b in job.compiled.branches() {
+                let mut tokens = Vec::with_capacity(tail.len() + b.len());
+                tokens.extend_from_slice(tail);
+                tokens.extend_from_slice(b.ids());
+                let off = snap.aligned;
+                let wanted = b
+                    .option_ends()
+                    .iter()
+                    .map(|&i| i - off)
+                    .chain(std::iter::once(b.decide() - off))
+                    .collect();
+                branch_rows.push(BranchRow {
+                    job: j,
+                    tokens,
+                    wanted,
+                });
+            }
+        }
+        let mut hidden: Vec<Option<Vec<f32>>> = vec![None; branch_rows.len()];
+        for pass in passes(
+            branch_rows.iter().map(|r| r.tokens.len()),
+            self.settings.pass_tokens,
+        ) {
+            let mut states: Vec<B::State> = pass
+                .iter()
+                .map(|&i| {
+                    snapshots[branch_rows[i].job]
+                        .as_ref()
+                        .map(|s| s.state.clone())
+                        .unwrap_or_else(|| self.backend.new_state())
+                })
+                .collect();
+            let result = {
+                let mut rows: Vec<BatchRow<'_, B::State>> = states
+                    .iter_mut()
+                    .zip(&pass)
+                    .map(|(state, &i)| BatchRow {
+                        state,
+                        tokens: &branch_rows[i].tokens,
+                        wanted: &branch_rows[i].wanted,
+                    })
+                    .collect();
+                self.count_pass(rows.len());
+                self.backend.forward(&mut rows)
+            };
+            match result {
+                Ok(out) => {
+                    for (h, &i) in out.into_iter().zip(&pass) {
+                        hidden[i] = Some(h);
+                    }
+                }
+                Err(e) => {
+                    for &i in &pass {
+                        failed[branch_rows[i].job] = Some(e.to_string());
+                    }
+                }
+            }
+        }
+
+        // 3. Head: per job, per question, in order.
+        let mut out: Vec<Result<Vec<Vec<f32>>, DecideError>> = (0..jobs.len())
+            .map(|j| match (&failed[j], &snapshots[j]) {
+                (Some(msg), _) => Err(DecideError::Engine(EngineError::Input(msg.clone()))),
+                (None, None) => Err(DecideError::Engine(EngineError::Input(
+                    "state prefix did not run".into(),
+                ))),
+                (None, Some(_)) => Ok(Vec::new()),
+            })
+            .collect();
+        for (row, h) in branch_rows.iter().zip(hidden) {
+            if let (Ok(list), Some(h)) = (&mut out[row.job], h) {
+                list.push(self.head.probabilities(&h));
+            }
+        }
+        Ok(out)
+    }
+
+    fn count_pass(&self, rows: usize) {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.rows.fetch_add(rows as u64, Ordering::Relaxed);
+    }
+
+    /// `x_debug` for `kev decide --debug`: per question the unrounded probabilities, the row's token
+    /// ids and readout indices.
+    pub fn debug_info(&self, job: &Job, decision: &Decision) -> Value {
+        let qs: Vec<Value> = job
+            .request
+            .questions()
+            .iter()
+            .zip(job.compiled.branches())
+            .zip(&decision.probabilities)
+            .enumerate()
+            .map(|(k, ((q, b), p))| {
+                json!({
+                    "id": q.id(),
+                    "probabilities": p.iter().map(|v| *v as f64).collect::<Vec<_>>(),
+                    "row_ids": job.compiled.row_ids(k).unwrap_or_default(),
+                    "option_ends": b.option_ends(),
+                    "decide": b.decide(),
+                })
+            })
+            .collect();
+        json!({ "questions": qs, "state_tokens": job.compiled.state_ids().len() })
+    }
+}
+
+/// Split items (by token count) into consecutive passes of at most `budget` tokens; an item over the
+/// budget runs alone.
+fn passes(lens: impl Iterator<Item = usize>, budget: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut tokens = 0usize;
+    for (i, len) in lens.enumerate() {
+        if !cur.is_empty() && tokens + len > budget {
+            out.push(std::mem::take(&mut cur));
+            tokens = 0;
+        }
+        cur.push(i);
+        tokens += len;
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::passes;
+
+    #[test]
+    fn passes_respect_the_budget_and_keep_order() {
+        assert_eq!(
+            passes([10, 20, 30, 50, 5].into_iter(), 60),
+            vec![vec![0, 1, 2], vec![3, 4]]
+        );
+        assert_eq!(passes([100, 1].into_iter(), 60), vec![vec![0], vec![1]]);
+        assert!(passes(std::iter::empty(), 60).is_empty());
+    }
+}
