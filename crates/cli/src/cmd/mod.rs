@@ -3,6 +3,7 @@
 pub mod accept;
 pub mod bench;
 pub mod decide;
+pub mod peers;
 pub mod prepare;
 pub mod rows;
 pub mod serve;

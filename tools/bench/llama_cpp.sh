@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The llama.cpp peer, from nothing: build llama-bench once (setup.sh llama), find the Python that runs the
+# converter (setup.sh torch: KEV_BENCH_PYTHON or the bench venv), then convert (cached) and time (llama_cpp.py).
+#
+#   bash tools/bench/llama_cpp.sh --model BASE_DIR --tokens 94,380,1518 --runs 3 --out FILE.json
+#
+# Every argument goes to llama_cpp.py (see its --help); the cache root is KEV_BENCH_CACHE (default /work/bench-cache).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${KEV_BENCH_CACHE:-/work/bench-cache}
+bash "$HERE/setup.sh" llama >/dev/null
+PY=$(bash "$HERE/setup.sh" torch)
+exec "$PY" "$HERE/llama_cpp.py" --llama-dir "$CACHE/llama.cpp" --gguf-cache "$CACHE/gguf" "$@"
