@@ -25,3 +25,28 @@ pub struct ModelArgs {
     #[arg(long, env = "KEV_DEVICE", default_value = "cpu")]
     pub device: String,
 }
+
+impl ModelArgs {
+    /// How to load the backbone: the checkpoint directory and its load options (the `exact` form keeps
+    /// the adapter unmerged; `merged` from `--base/--kev` merges it at load, bit-exact with `kev prepare`).
+    pub fn backbone_source(&self) -> anyhow::Result<(PathBuf, kev_engine::LoadOptions)> {
+        let opts = |adapter: Option<&PathBuf>, merge: bool| kev_engine::LoadOptions {
+            adapter: adapter.cloned(),
+            kernels: None,
+            merge_adapter: merge,
+        };
+        match (&self.model, &self.base, &self.kev, self.weights.as_str()) {
+            (Some(model), _, _, "merged") => Ok((model.clone(), opts(None, false))),
+            (Some(_), _, _, _) => anyhow::bail!(
+                "--weights exact needs --base and --kev (a prepared --model holds merged weights only)"
+            ),
+            (None, Some(base), Some(kev), w) => Ok((base.clone(), opts(Some(kev), w == "merged"))),
+            _ => anyhow::bail!("pass --model DIR, or --base DIR --kev DIR"),
+        }
+    }
+
+    /// The compute arm asked for, if any.
+    pub fn arm(&self) -> Option<kev_engine::Arm> {
+        self.precision.as_deref().and_then(|p| p.parse().ok())
+    }
+}

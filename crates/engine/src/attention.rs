@@ -1,0 +1,242 @@
+//! Gated full attention, fast path: per-head q/k RMSNorm (`x·(1+w)`), partial NeoX RoPE, the key/value
+//! cache, causal softmax in f32 and the sigmoid output gate (qwen35-arch §5).
+//!
+//! Scores and the weighted sum are matrix products over blocks of 64 queries of one head. A query's
+//! softmax runs only over the keys it may see; the masked tail of its row is zero, and adding `0·v` leaves
+//! an f32 sum unchanged, so a query's result does not depend on which other queries share its block:
+//! a continuation from a cached prefix reproduces the one-pass result bit for bit.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::config::Qwen35Config;
+use crate::kernels::matmul::{Mat, matmul};
+use crate::kernels::{Kernels, SendPtr, math};
+use crate::model::AttnWeights;
+use crate::scratch::{AttnScratch, grow, with_tls};
+use crate::state::{KvCache, KvSeg};
+
+/// Queries per score block.
+const QB: usize = 64;
+
+/// `x·(1+w)` RMSNorm of one head vector (`w1p` = `1 + w`), then RoPE with the given cos/sin rows.
+fn norm_rope(src: &[f32], w1p: &[f32], eps: f32, cos: &[f32], sin: &[f32], dst: &mut [f32]) {
+    let mut ss = 0f64;
+    for x in src {
+        ss += (*x as f64) * (*x as f64);
+    }
+    let inv = 1.0 / ((ss / src.len() as f64) as f32 + eps).sqrt();
+    for ((d, x), w) in dst.iter_mut().zip(src).zip(w1p) {
+        *d = (x * inv) * w;
+    }
+    let half = cos.len();
+    for i in 0..half {
+        let (a, b) = (dst[i], dst[i + half]);
+        // x·cos + rotate_half(x)·sin, two products then the sum, as HF does.
+        dst[i] = a * cos[i] + (-b) * sin[i];
+        dst[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+/// cos/sin of `pos · inv_freq[i]` (angle rounded to f32 as torch computes it; cos/sin evaluated exactly).
+pub(crate) fn rope_table(inv_freq: &[f32], pos0: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
+    let mut cos = vec![0f32; t * half];
+    let mut sin = vec![0f32; t * half];
+    for i in 0..t {
+        for (j, f) in inv_freq.iter().enumerate() {
+            let ang = (pos0 + i) as f32 * f;
+            cos[i * half + j] = (ang as f64).cos() as f32;
+            sin[i * half + j] = (ang as f64).sin() as f32;
+        }
+    }
+    (cos, sin)
+}
+
+/// Run one attention mixer over `t` tokens of one row at positions `pos0..pos0+t`.
+///
+/// `proj` holds the fused projection rows (`[q+gate interleaved per head | k | v]`, stride `ldp`); the
+/// gated attention output (the input of `o_proj`) goes to `core` (`t` rows of `heads·head_dim`, stride
+/// `ldc`). This call's keys
+/// and values are appended to `kv` as a new shared segment.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    cfg: &Qwen35Config,
+    kern: Kernels,
+    inv_freq: &[f32],
+    a: &AttnWeights,
+    proj: &[f32],
+    ldp: usize,
+    t: usize,
+    pos0: usize,
+    kv: &mut KvCache,
+    core: &mut [f32],
+    ldc: usize,
+    ws: &mut AttnScratch,
+) {
+    let (nh, nkv, hd) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
+    let qd = nh * hd;
+    let eps = cfg.rms_norm_eps;
+    let half = inv_freq.len();
+    let (cos, sin) = rope_table(inv_freq, pos0, t);
+
+    // Normalised, rotated queries `[t, nh, hd]` and this call's keys/values `[t, nkv, hd]`.
+    let q = grow(&mut ws.q, t * qd);
+    let mut seg_k = crate::state::buffer(t * nkv * hd, None);
+    let mut seg_v = crate::state::buffer(t * nkv * hd, None);
+    q.par_chunks_mut(qd)
+        .zip(seg_k.par_chunks_mut(nkv * hd))
+        .zip(seg_v.par_chunks_mut(nkv * hd))
+        .enumerate()
+        .for_each(|(i, ((qrow, krow), vrow))| {
+            let row = &proj[i * ldp..];
+            let (c, s) = (
+                &cos[i * half..(i + 1) * half],
+                &sin[i * half..(i + 1) * half],
+            );
+            for h in 0..nh {
+                let src = &row[2 * hd * h..2 * hd * h + hd];
+                norm_rope(src, &a.q_norm, eps, c, s, &mut qrow[h * hd..(h + 1) * hd]);
+            }
+            for g in 0..nkv {
+                let src = &row[2 * qd + g * hd..2 * qd + (g + 1) * hd];
+                norm_rope(src, &a.k_norm, eps, c, s, &mut krow[g * hd..(g + 1) * hd]);
+            }
+            vrow.copy_from_slice(&row[2 * qd + nkv * hd..2 * qd + 2 * nkv * hd]);
+        });
+    let q: &[f32] = q;
+    kv.segs.push(Arc::new(KvSeg {
+        len: t,
+        k: seg_k,
+        v: seg_v,
+    }));
+    kv.len += t;
+    let n = kv.len;
+
+    // Per kv head, every position so far, laid out as the products below read them: Kᵀ in panels of 64
+    // positions (`[n/64][hd][64]`) and V in panels of 64 dims (`[hd/64][n][64]`), both dense, so the
+    // score and weighted-sum products stream them without copies.
+    if ws.kv.len() < nkv {
+        ws.kv.resize_with(nkv, Default::default);
+    }
+    let (kpan, vpan) = (n.div_ceil(64), hd.div_ceil(64));
+    let cache: &KvCache = kv;
+    ws.kv[..nkv]
+        .par_iter_mut()
+        .enumerate()
+        .for_each(|(g, (kt, vt))| {
+            let kt = grow(kt, kpan * hd * 64);
+            let vt = grow(vt, vpan * n * 64);
+            kt.fill(0.0);
+            vt.fill(0.0);
+            let mut t = 0;
+            for seg in &cache.segs {
+                for i in 0..seg.len {
+                    let src = (i * nkv + g) * hd;
+                    let (kr, vr) = (&seg.k[src..src + hd], &seg.v[src..src + hd]);
+                    let kbase = (t / 64) * hd * 64 + t % 64;
+                    for (d, x) in kr.iter().enumerate() {
+                        kt[kbase + d * 64] = *x;
+                    }
+                    for (d, x) in vr.iter().enumerate() {
+                        vt[((d / 64) * n + t) * 64 + d % 64] = *x;
+                    }
+                    t += 1;
+                }
+            }
+        });
+    let per = &ws.kv[..nkv];
+
+    let scale = (hd as f32).powf(-0.5);
+    let group = nh / nkv;
+    let blocks = t.div_ceil(QB);
+    let cp = SendPtr(core.as_mut_ptr());
+    let clen = core.len();
+    (0..nh * blocks).into_par_iter().for_each(|task| {
+        let (h, b) = (task / blocks, task % blocks);
+        let (kt, vt) = &per[h / group];
+        let i0 = b * QB;
+        let rows = (t - i0).min(QB);
+        let nb = pos0 + i0 + rows; // keys visible to the block's last query
+        with_tls(rows * nb + rows * hd + hd, |buf| {
+            let (sc, rest) = buf.split_at_mut(rows * nb);
+            let (o, gate) = rest.split_at_mut(rows * hd);
+            for p in 0..nb.div_ceil(64) {
+                matmul(
+                    kern,
+                    Mat {
+                        data: &q[i0 * qd + h * hd..],
+                        rows,
+                        cols: hd,
+                        ld: qd,
+                    },
+                    Mat {
+                        data: &kt[p * hd * 64..(p + 1) * hd * 64],
+                        rows: hd,
+                        cols: (nb - p * 64).min(64),
+                        ld: 64,
+                    },
+                    &mut sc[p * 64..],
+                    nb,
+                    false,
+                );
+            }
+            for r in 0..rows {
+                let valid = pos0 + i0 + r + 1;
+                let srow = &mut sc[r * nb..(r + 1) * nb];
+                let mut mx = f32::NEG_INFINITY;
+                for x in srow[..valid].iter_mut() {
+                    *x *= scale;
+                    mx = mx.max(*x);
+                }
+                for x in srow[..valid].iter_mut() {
+                    *x -= mx;
+                }
+                math::exp_inplace(kern, &mut srow[..valid]);
+                let sum: f32 = srow[..valid].iter().sum();
+                let inv = 1.0 / sum;
+                for x in srow[..valid].iter_mut() {
+                    *x *= inv;
+                }
+                srow[valid..].fill(0.0);
+            }
+            for cb in 0..vpan {
+                matmul(
+                    kern,
+                    Mat::new(sc, rows, nb),
+                    Mat {
+                        data: &vt[cb * n * 64..cb * n * 64 + nb * 64],
+                        rows: nb,
+                        cols: (hd - cb * 64).min(64),
+                        ld: 64,
+                    },
+                    &mut o[cb * 64..],
+                    hd,
+                    false,
+                );
+            }
+            for r in 0..rows {
+                let i = i0 + r;
+                gate.copy_from_slice(&proj[i * ldp + 2 * hd * h + hd..i * ldp + 2 * hd * (h + 1)]);
+                math::sigmoid_inplace(kern, gate);
+                let off = i * ldc + h * hd;
+                debug_assert!(off + hd <= clen);
+                // SAFETY: task (h, b) writes rows i0..i0+rows, columns h·hd..(h+1)·hd of `core`:
+                // disjoint across tasks and inside `core` (t rows of stride ldc ≥ qd).
+                let dst = unsafe { std::slice::from_raw_parts_mut(cp.get().add(off), hd) };
+                for ((d, x), gt) in dst
+                    .iter_mut()
+                    .zip(&o[r * hd..(r + 1) * hd])
+                    .zip(gate.iter())
+                {
+                    *d = x * gt;
+                }
+            }
+        });
+    });
+}

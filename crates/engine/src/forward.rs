@@ -1,0 +1,318 @@
+//! The fast forward pass over a batch of rows.
+//!
+//! Rows are stacked: every projection and MLP GEMM runs once over all rows' tokens (one pass over the
+//! weights), while the GDN recurrence and attention run per row against that row's own state. The GEMMs
+//! and element-wise steps compute each token independently of the others in the stack, and the mixers
+//! never look across rows, so a row's result does not depend on what it was batched with.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::attention;
+use crate::config::Qwen35Config;
+use crate::error::EngineError;
+use crate::gdn;
+use crate::kernels::{Arm, Kernels};
+use crate::model::{Backbone, Mixer};
+use crate::scratch::{Workspace, grow};
+use crate::state::{GdnState, LayerState, State};
+
+/// One row of a batched forward: a state to continue (advanced in place), its new tokens, and the
+/// indices (into `tokens`) whose final-norm hidden states to return.
+/// Generic over the state type so other backends reuse it (see [`crate::backend::Backend`]).
+#[derive(Debug)]
+pub struct BatchRow<'a, S = State> {
+    /// The row's state; on success it has consumed `tokens`.
+    pub state: &'a mut S,
+    /// Token ids of this call.
+    pub tokens: &'a [u32],
+    /// Indices into `tokens`, in the order the hidden rows are wanted.
+    pub wanted: &'a [usize],
+}
+
+/// Check one row's inputs against the model (before anything is computed).
+pub(crate) fn check_row(
+    cfg: &Qwen35Config,
+    state: &State,
+    tokens: &[u32],
+    wanted: &[usize],
+) -> Result<(), EngineError> {
+    if !state.fits(cfg) {
+        return Err(EngineError::Input(
+            "the state was made for a model with another layout".into(),
+        ));
+    }
+    if let Some(t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(EngineError::Input(format!(
+            "token id {t} is outside the vocabulary (0..{})",
+            cfg.vocab_size
+        )));
+    }
+    if let Some(w) = wanted.iter().find(|&&w| w >= tokens.len()) {
+        return Err(EngineError::Input(format!(
+            "wanted index {w} is outside the row's {} new tokens",
+            tokens.len()
+        )));
+    }
+    Ok(())
+}
+
+/// `y = (x / sqrt(mean(x²) + eps)) · w1p` per row of `x` (`w1p` = `1 + w`).
+pub(crate) fn rms_norm_rows(x: &[f32], w1p: &[f32], eps: f32, y: &mut [f32]) {
+    let h = w1p.len();
+    y.par_chunks_mut(h)
+        .zip(x.par_chunks(h))
+        .for_each(|(yr, xr)| {
+            let mut ss = 0f64;
+            for v in xr {
+                ss += (*v as f64) * (*v as f64);
+            }
+            let inv = 1.0 / ((ss / h as f64) as f32 + eps).sqrt();
+            for ((o, v), w) in yr.iter_mut().zip(xr).zip(w1p) {
+                *o = (v * inv) * w;
+            }
+        });
+}
+
+fn add_rows(x: &mut [f32], d: &[f32]) {
+    x.par_chunks_mut(4096)
+        .zip(d.par_chunks(4096))
+        .for_each(|(a, b)| {
+            for (u, v) in a.iter_mut().zip(b) {
+                *u += v;
+            }
+        });
+}
+
+impl Backbone {
+    /// The post-attention half of layer `li` on the first `m` rows of `x`: `x += down(silu(gate(h)) · up(h))`
+    /// with `h = RMSNorm1p(x)`.
+    #[allow(clippy::too_many_arguments)]
+    fn mlp(
+        &self,
+        arm: Arm,
+        li: usize,
+        m: usize,
+        x: &mut [f32],
+        hn: &mut [f32],
+        gu: &mut [f32],
+        act: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let (kern, h, im) = (self.kern, self.cfg.hidden_size, self.cfg.intermediate_size);
+        let (ldg, lda) = (2 * im + 16, im + 16);
+        let layer = &self.layers[li];
+        let (x, hn) = (&mut x[..m * h], &mut hn[..m * h]);
+        rms_norm_rows(x, &layer.post_norm, self.cfg.rms_norm_eps, hn);
+        layer.gate_up.apply(kern, arm, m, hn, h, gu, ldg);
+        act[..m * lda]
+            .par_chunks_mut(lda)
+            .zip(gu.par_chunks(ldg))
+            .for_each(|(a, g)| {
+                crate::kernels::math::swiglu(kern, &g[..im], &g[im..2 * im], &mut a[..im]);
+            });
+        layer.down.apply(kern, arm, m, act, lda, out, h);
+        add_rows(x, &out[..m * h]);
+    }
+
+    /// A fresh state (position 0) for this model.
+    pub fn new_state(&self) -> State {
+        State::new(&self.cfg)
+    }
+
+    /// Run `tokens` from `state` (advancing it) and return the final-norm hidden states at the `wanted`
+    /// indices of `tokens`: `[wanted.len(), hidden]`, flattened.
+    pub fn forward(
+        &self,
+        arm: Arm,
+        state: &mut State,
+        tokens: &[u32],
+        wanted: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut rows = [BatchRow {
+            state,
+            tokens,
+            wanted,
+        }];
+        Ok(self
+            .forward_batch(arm, &mut rows)?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Run several rows at once (each from its own state) and return each row's wanted hidden states.
+    /// Inputs are checked first; on error no state is changed.
+    pub fn forward_batch(
+        &self,
+        arm: Arm,
+        rows: &mut [BatchRow<'_>],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let cfg = &self.cfg;
+        for r in rows.iter() {
+            check_row(cfg, r.state, r.tokens, r.wanted)?;
+        }
+        let kern: Kernels = self.kern;
+        let h = cfg.hidden_size;
+        let mut offs = Vec::with_capacity(rows.len() + 1);
+        offs.push(0usize);
+        for r in rows.iter() {
+            offs.push(offs[offs.len() - 1] + r.tokens.len());
+        }
+        let tot = offs[rows.len()];
+        if tot == 0 {
+            return Ok(rows.iter().map(|_| Vec::new()).collect());
+        }
+
+        let mut ws = self
+            .pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+        let (qd, kvd) = (
+            cfg.num_attention_heads * cfg.head_dim,
+            cfg.num_key_value_heads * cfg.head_dim,
+        );
+        let im = cfg.intermediate_size;
+        // Row strides of the projection inputs are padded by one cache line: a stride that is a multiple
+        // of 4 KiB (4096 or 9216 f32) puts the microkernel's six rows in the same L1 sets.
+        let ldc = vd.max(qd) + 16;
+        let ldg = 2 * im + 16;
+        let lda = im + 16;
+        let proj_w = (cd + vd + 2 * nv).max(2 * qd + 2 * kvd).max(ldc);
+        let eps = cfg.rms_norm_eps;
+        let Workspace {
+            x,
+            hn,
+            proj,
+            core,
+            out,
+            gu,
+            act,
+            gdn: gdn_ws,
+            attn: attn_ws,
+        } = &mut ws;
+        // The last layer finishes only the wanted rows, which may repeat a token: room for both.
+        let cap = tot.max(rows.iter().map(|r| r.wanted.len()).sum());
+        let x = grow(x, cap * h);
+        let hn = grow(hn, cap * h);
+        let proj = grow(proj, cap * proj_w);
+        let core = grow(core, tot * ldc);
+        let out = grow(out, cap * h);
+        let gu = grow(gu, cap * ldg);
+        let act = grow(act, cap * lda);
+
+        let ids: Vec<u32> = rows.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+        x.par_chunks_mut(h)
+            .zip(ids.par_iter())
+            .for_each(|(row, &id)| {
+                self.embed.row(id as usize, h, row);
+            });
+
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm_rows(&x[..tot * h], &layer.input_norm, eps, &mut hn[..tot * h]);
+            let (oproj, cw) = match &layer.mixer {
+                Mixer::Gdn(g) => {
+                    let ldp = g.in_proj.w.n();
+                    g.in_proj.apply(kern, arm, tot, hn, h, proj, ldp);
+                    for (ri, r) in rows.iter_mut().enumerate() {
+                        let (a, b) = (offs[ri], offs[ri + 1]);
+                        if a == b {
+                            continue;
+                        }
+                        let LayerState::Gdn(st) = &mut r.state.layers[li] else {
+                            unreachable!("state layout checked")
+                        };
+                        // Advance in place when no snapshot shares this state, else on a copy.
+                        let mut own = match st.take() {
+                            Some(arc) => {
+                                Arc::try_unwrap(arc).unwrap_or_else(|shared| (*shared).clone())
+                            }
+                            None => GdnState::zeros(cfg),
+                        };
+                        gdn::run(
+                            cfg,
+                            kern,
+                            g,
+                            &proj[a * ldp..b * ldp],
+                            ldp,
+                            b - a,
+                            &mut own,
+                            &mut core[a * ldc..b * ldc],
+                            ldc,
+                            gdn_ws,
+                        );
+                        *st = Some(Arc::new(own));
+                    }
+                    (&g.out_proj, vd)
+                }
+                Mixer::Attn(at) => {
+                    let ldp = at.qkv.w.n();
+                    at.qkv.apply(kern, arm, tot, hn, h, proj, ldp);
+                    for (ri, r) in rows.iter_mut().enumerate() {
+                        let (a, b) = (offs[ri], offs[ri + 1]);
+                        if a == b {
+                            continue;
+                        }
+                        let pos0 = r.state.pos;
+                        let LayerState::Attn(kv) = &mut r.state.layers[li] else {
+                            unreachable!("state layout checked")
+                        };
+                        attention::run(
+                            cfg,
+                            kern,
+                            &self.inv_freq,
+                            at,
+                            &proj[a * ldp..b * ldp],
+                            ldp,
+                            b - a,
+                            pos0,
+                            kv,
+                            &mut core[a * ldc..b * ldc],
+                            ldc,
+                            attn_ws,
+                        );
+                    }
+                    (&at.o_proj, qd)
+                }
+            };
+            if li + 1 < self.layers.len() {
+                oproj.apply(kern, arm, tot, core, ldc, out, h);
+                add_rows(&mut x[..tot * h], &out[..tot * h]);
+                self.mlp(arm, li, tot, x, hn, gu, act, out);
+            } else {
+                // Past the last mixer only the wanted positions matter: finish those rows alone
+                // (every step from here is per token, so the values are the same bits).
+                let mut ms = 0;
+                for (ri, r) in rows.iter().enumerate() {
+                    for &w in r.wanted {
+                        let t = offs[ri] + w;
+                        proj[ms * ldc..ms * ldc + cw].copy_from_slice(&core[t * ldc..t * ldc + cw]);
+                        hn[ms * h..(ms + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+                        ms += 1;
+                    }
+                }
+                x[..ms * h].copy_from_slice(&hn[..ms * h]);
+                oproj.apply(kern, arm, ms, proj, ldc, out, h);
+                add_rows(&mut x[..ms * h], &out[..ms * h]);
+                self.mlp(arm, li, ms, x, hn, gu, act, out);
+            }
+        }
+
+        let x: &[f32] = x;
+        let mut result = Vec::with_capacity(rows.len());
+        let mut next = 0;
+        for r in rows.iter_mut() {
+            r.state.pos += r.tokens.len();
+            let n = r.wanted.len();
+            let mut o = vec![0f32; n * h];
+            rms_norm_rows(&x[next * h..(next + n) * h], &self.final_norm, eps, &mut o);
+            next += n;
+            result.push(o);
+        }
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(ws);
+        Ok(result)
+    }
+}

@@ -1,0 +1,498 @@
+//! `C = A · Wᵀ` for f32 activations `A [m, k]` and a packed weight matrix `W [n, k]`.
+//!
+//! Blocking: the weights are already in 64-output panels (see [`super::pack`]); threads (rayon) take whole
+//! panels, so each thread streams its own weights. Inside a panel, rows go in passes of 264 (so one input
+//! block of their activations, 132 KiB, stays in L2 while it is re-read for every panel), and the input
+//! dimension is cut into blocks (128 inputs in the fp32 arm, 256 in the bf16 arm) whose weights fit in L1;
+//! for each block every 6-row group runs the microkernel (6 rows × 64 outputs = 24 vector accumulators),
+//! and the next block is prefetched into L2 meanwhile.
+//!
+//! - fp32 arm: each block is widened to f32 once into a 32 KiB buffer (exact), then f32 FMAs; the widening
+//!   costs one shift or mask per 16 weights, amortised over all rows.
+//! - bf16 arm with AVX512_BF16: activations rounded to bf16 pairs once per call, `vdpbf16ps` straight on
+//!   the packed weights. Without AVX512_BF16 (or with f32-stored weights), the bf16 arm rounds the
+//!   activations and runs the f32 kernels: products of two bf16 are exact in f32, so this is the same
+//!   arithmetic up to the order inside each pair.
+//!
+//! Every output element is one chain over the input index in increasing order, started from zero at the
+//! first block and carried through memory between blocks, independent of `m` and of the row's slot in its
+//! 6-row group.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::buf::AlignedBuf;
+use super::pack::{NR, PackedMatrix, Store};
+use super::{Arm, Kernels, SendPtr, bf16_bits};
+
+/// Rows per microkernel call.
+pub const MR: usize = 6;
+/// Inputs per block, fp32 arm (a widened block is `KC_F32 · 64 · 4` = 32 KiB).
+const KC_F32: usize = 128;
+/// Input pairs per block, bf16 arm (`KP_BF16 · 64 · 4` = 32 KiB of weights).
+const KP_BF16: usize = 128;
+/// Rows per pass over a panel: the activations of one input block (MC × 512 bytes) stay in L2.
+const MC: usize = 264;
+
+thread_local! {
+    static SCRATCH_U32: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `C[i, j] = Σ_k A[i, k] · W[j, k]` for `i < m`, `j < w.n()`; `A` row-major with stride `lda`, `C` with
+/// stride `ldc` (only the first `w.n()` columns of each row are written).
+///
+/// Panics if the slices are too short for the given sizes and strides (a caller bug, not an input error).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    kern: Kernels,
+    arm: Arm,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedMatrix,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let (n, k) = (w.n(), w.k());
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        lda >= k && a.len() >= (m - 1) * lda + k,
+        "gemm: A too short"
+    );
+    assert!(
+        ldc >= n && c.len() >= (m - 1) * ldc + n,
+        "gemm: C too short"
+    );
+    if k == 0 {
+        for i in 0..m {
+            c[i * ldc..i * ldc + n].fill(0.0);
+        }
+        return;
+    }
+    let bf16_hw = arm == Arm::Bf16 && kern.avx512bf16() && w.is_bf16();
+    if bf16_hw {
+        SCRATCH_U32.with(|s| {
+            let mut buf = std::mem::take(&mut *s.borrow_mut());
+            gemm_bf16_hw(kern, m, a, lda, w, c, ldc, &mut buf);
+            *s.borrow_mut() = buf;
+        });
+    } else if arm == Arm::Bf16 {
+        SCRATCH_F32.with(|s| {
+            let mut buf = std::mem::take(&mut *s.borrow_mut());
+            let lb = k + 16;
+            buf.clear();
+            buf.resize(m * lb, 0.0);
+            buf.par_chunks_mut(lb).enumerate().for_each(|(i, row)| {
+                for (d, x) in row.iter_mut().zip(&a[i * lda..i * lda + k]) {
+                    *d = super::bf16_to_f32(bf16_bits(*x));
+                }
+            });
+            gemm_f32(kern, m, &buf, lb, w, c, ldc);
+            *s.borrow_mut() = buf;
+        });
+    } else {
+        gemm_f32(kern, m, a, lda, w, c, ldc);
+    }
+}
+
+fn gemm_f32(
+    kern: Kernels,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedMatrix,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let (n, k, kp) = (w.n(), w.k(), w.kp());
+    let cp = SendPtr(c.as_mut_ptr());
+    let ap = a.as_ptr() as usize;
+    // The weight block of panel `p` starting at input `kb` (`kc` inputs), as bytes for prefetching.
+    let block = |p: usize, kb: usize| -> &[u8] {
+        if p >= w.panels() {
+            return &[];
+        }
+        let kc = (k - kb).min(KC_F32);
+        match w.store() {
+            Store::Bf16(d) => {
+                let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
+                as_bytes(&d[off..off + kc.div_ceil(2) * NR * 2])
+            }
+            Store::F32(d) => {
+                let off = p * 2 * kp * NR + kb * NR;
+                as_bytes(&d[off..off + kc * NR])
+            }
+        }
+    };
+    (0..w.panels()).into_par_iter().for_each_init(
+        || AlignedBuf::<f32>::zeroed(KC_F32 * NR),
+        |buf, p| {
+            let ncols = (n - p * NR).min(NR);
+            let mut mc0 = 0;
+            while mc0 < m {
+                let mc1 = (mc0 + MC).min(m);
+                let mut kb = 0;
+                while kb < k {
+                    let kc = (k - kb).min(KC_F32);
+                    let bptr: *const f32 = match w.store() {
+                        Store::Bf16(d) => {
+                            let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
+                            let pairs = kc.div_ceil(2);
+                            widen(
+                                kern,
+                                &d[off..off + pairs * NR * 2],
+                                &mut buf[..pairs * 2 * NR],
+                            );
+                            buf.as_ptr()
+                        }
+                        Store::F32(d) => d[p * 2 * kp * NR + kb * NR..].as_ptr(),
+                    };
+                    // The block used after this one: next inputs, else the next row block of this
+                    // panel, else the next panel.
+                    let next = if kb + kc < k {
+                        block(p, kb + kc)
+                    } else if mc1 < m {
+                        block(p, 0)
+                    } else {
+                        block(p + 1, 0)
+                    };
+                    let groups = (mc1 - mc0).div_ceil(MR);
+                    let mut i0 = mc0;
+                    while i0 < mc1 {
+                        prefetch_share(next, (i0 - mc0) / MR, groups);
+                        let rows = (mc1 - i0).min(MR);
+                        let mut arows = [std::ptr::null::<f32>(); MR];
+                        for (r, x) in arows.iter_mut().enumerate() {
+                            // Rows past the block repeat its last row (computed, never stored).
+                            *x = (ap as *const f32).wrapping_add((i0 + r.min(rows - 1)) * lda + kb);
+                        }
+                        // SAFETY: `arows[r]` points at `kc` valid inputs of a row of `a` (asserted in
+                        // `gemm`), `bptr` at `kc · NR` f32 of this panel block, and the C block at
+                        // `rows` rows of `ncols ≤ NR` columns inside `c`; panels are disjoint in
+                        // columns, so no two tasks write the same element.
+                        unsafe {
+                            let cblk = cp.get().add(i0 * ldc + p * NR);
+                            ukr_f32(kern, kc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0);
+                        }
+                        i0 += MR;
+                    }
+                    kb += kc;
+                }
+                mc0 = mc1;
+            }
+        },
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_bf16_hw(
+    kern: Kernels,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedMatrix,
+    c: &mut [f32],
+    ldc: usize,
+    abuf: &mut Vec<u32>,
+) {
+    let (n, k, kp) = (w.n(), w.k(), w.kp());
+    let Store::Bf16(d) = w.store() else {
+        unreachable!("bf16 path is only taken for bf16 storage")
+    };
+    // Rows padded by one cache line, so no stride is a multiple of 4 KiB (L1 set conflicts).
+    let lpa = kp + 16;
+    abuf.clear();
+    abuf.resize(m * lpa, 0);
+    abuf.par_chunks_mut(lpa).enumerate().for_each(|(i, row)| {
+        round_pairs(kern, &a[i * lda..i * lda + k], &mut row[..kp]);
+    });
+    let cp = SendPtr(c.as_mut_ptr());
+    let abase = abuf.as_ptr() as usize;
+    let block = |p: usize, kb: usize| -> &[u8] {
+        if p >= w.panels() {
+            return &[];
+        }
+        let off = p * kp * NR * 2 + kb * NR * 2;
+        as_bytes(&d[off..off + (kp - kb).min(KP_BF16) * NR * 2])
+    };
+    (0..w.panels()).into_par_iter().for_each(|p| {
+        let ncols = (n - p * NR).min(NR);
+        let mut mc0 = 0;
+        while mc0 < m {
+            let mc1 = (mc0 + MC).min(m);
+            let mut kb = 0;
+            while kb < kp {
+                let kpc = (kp - kb).min(KP_BF16);
+                let bptr = d[p * kp * NR * 2 + kb * NR * 2..].as_ptr();
+                let next = if kb + kpc < kp {
+                    block(p, kb + kpc)
+                } else if mc1 < m {
+                    block(p, 0)
+                } else {
+                    block(p + 1, 0)
+                };
+                let groups = (mc1 - mc0).div_ceil(MR);
+                let mut i0 = mc0;
+                while i0 < mc1 {
+                    prefetch_share(next, (i0 - mc0) / MR, groups);
+                    let rows = (mc1 - i0).min(MR);
+                    let mut arows = [std::ptr::null::<u32>(); MR];
+                    for (r, x) in arows.iter_mut().enumerate() {
+                        *x = (abase as *const u32).wrapping_add((i0 + r.min(rows - 1)) * lpa + kb);
+                    }
+                    // SAFETY: as in `gemm_f32`: in-bounds rows of the rounded activations, `kpc` pairs
+                    // of this panel, disjoint C columns per task; AVX512_BF16 checked by the caller.
+                    unsafe {
+                        let cblk = cp.get().add(i0 * ldc + p * NR);
+                        #[cfg(target_arch = "x86_64")]
+                        super::x86::ukr_bf16(kpc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0);
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let _ = (kpc, bptr, cblk, ncols);
+                    }
+                    i0 += MR;
+                }
+                kb += kpc;
+            }
+            mc0 = mc1;
+        }
+    });
+}
+
+/// The bytes of a slice, for prefetch hints.
+fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
+    // SAFETY: any initialised memory may be viewed as bytes; the length covers exactly the slice.
+    unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
+}
+
+/// Prefetch the `gi`-th of `groups` equal parts of the next weight block, so the block that follows
+/// arrives in L2 while the current one is being used from L1 (the first row group of each block
+/// would otherwise wait on memory).
+#[inline]
+fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let len = next.len();
+        super::x86::prefetch_l2(next, gi * len / groups, (gi + 1) * len / groups);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (next, gi, groups);
+}
+
+fn widen(kern: Kernels, src: &[u16], dst: &mut [f32]) {
+    debug_assert_eq!(src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if kern.avx512() {
+        // SAFETY: AVX-512F checked; `src` holds `len/(2·NR)` pair rows and `dst` the same count of f32.
+        unsafe { super::x86::widen_chunk(src.len() / (2 * NR), src.as_ptr(), dst.as_mut_ptr()) };
+        return;
+    }
+    let _ = kern;
+    for (kk, pair) in src.chunks_exact(2 * NR).enumerate() {
+        for j in 0..NR {
+            dst[2 * kk * NR + j] = super::bf16_to_f32(pair[2 * j]);
+            dst[(2 * kk + 1) * NR + j] = super::bf16_to_f32(pair[2 * j + 1]);
+        }
+    }
+}
+
+fn round_pairs(kern: Kernels, src: &[f32], dst: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    if kern.avx512bf16() {
+        // SAFETY: AVX512_BF16 checked; `dst` has `src.len().div_ceil(2)` elements.
+        unsafe { super::x86::round_pairs_bf16(src.len(), src.as_ptr(), dst.as_mut_ptr()) };
+        return;
+    }
+    let _ = kern;
+    for (i, d) in dst.iter_mut().enumerate() {
+        let lo = src.get(2 * i).map_or(0, |x| bf16_bits(*x)) as u32;
+        let hi = src.get(2 * i + 1).map_or(0, |x| bf16_bits(*x)) as u32;
+        *d = lo | (hi << 16);
+    }
+}
+
+/// Dispatch the fp32 microkernel.
+///
+/// # Safety
+/// As [`super::x86::ukr_f32`]: each `a[r]` addresses `kc` f32, `b` addresses `kc · NR` f32, `c` addresses
+/// `rows` rows (stride `ldc`) of `ncols` writable f32.
+#[allow(clippy::too_many_arguments)]
+unsafe fn ukr_f32(
+    kern: Kernels,
+    kc: usize,
+    a: &[*const f32; MR],
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    ncols: usize,
+    load: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kern.avx512() {
+        // SAFETY: forwarded from the caller; AVX-512F checked.
+        unsafe { super::x86::ukr_f32(kc, a, b, c, ldc, rows, ncols, load) };
+        return;
+    }
+    let _ = kern;
+    let mut acc = [[0f32; NR]; MR];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if load {
+            for (r, row) in acc.iter_mut().enumerate().take(rows) {
+                for (j, x) in row.iter_mut().enumerate().take(ncols) {
+                    *x = *c.add(r * ldc + j);
+                }
+            }
+        }
+        for kk in 0..kc {
+            let bv = std::slice::from_raw_parts(b.add(kk * NR), NR);
+            for (r, row) in acc.iter_mut().enumerate() {
+                let ar = *a[r].add(kk);
+                for (x, bj) in row.iter_mut().zip(bv) {
+                    *x += ar * bj;
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate().take(rows) {
+            for (j, x) in row.iter().enumerate().take(ncols) {
+                *c.add(r * ldc + j) = *x;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Isa;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    fn all_kernels() -> Vec<Kernels> {
+        [Isa::Portable, Isa::Avx512, Isa::Avx512Bf16]
+            .into_iter()
+            .filter_map(Kernels::with_isa)
+            .collect()
+    }
+
+    /// Σ_k a·w in f64, and Σ_k |a·w| for the error bound.
+    fn exact(
+        m: usize,
+        a: &[f32],
+        lda: usize,
+        w: &[f32],
+        n: usize,
+        k: usize,
+        round_a: bool,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let mut c = vec![0f64; m * n];
+        let mut mag = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                for kk in 0..k {
+                    let mut x = a[i * lda + kk];
+                    if round_a {
+                        x = crate::kernels::bf16_to_f32(bf16_bits(x));
+                    }
+                    let p = x as f64 * w[j * k + kk] as f64;
+                    c[i * n + j] += p;
+                    mag[i * n + j] += p.abs();
+                }
+            }
+        }
+        (c, mag)
+    }
+
+    #[test]
+    fn gemm_matches_naive_on_odd_shapes() {
+        let shapes = [
+            (1, 1, 1),
+            (5, 63, 7),
+            (7, 65, 129),
+            (13, 130, 300),
+            (6, 64, 256),
+            (20, 200, 515),
+        ];
+        for kern in all_kernels() {
+            for &(m, n, k) in &shapes {
+                for bf16_weights in [true, false] {
+                    let mut seed = (m * 1000 + n * 10 + k) as u64;
+                    let lda = k + 3;
+                    let a: Vec<f32> = (0..m * lda).map(|_| lcg(&mut seed) * 4.0).collect();
+                    let w: Vec<f32> = (0..n * k)
+                        .map(|_| {
+                            let x = lcg(&mut seed);
+                            if bf16_weights {
+                                crate::kernels::bf16_to_f32(bf16_bits(x))
+                            } else {
+                                x
+                            }
+                        })
+                        .collect();
+                    let pm = PackedMatrix::from_f32(n, k, &w);
+                    assert_eq!(pm.is_bf16(), bf16_weights);
+                    for arm in [Arm::Fp32, Arm::Bf16] {
+                        let ldc = n + 5;
+                        let mut c = vec![f32::NAN; m * ldc];
+                        gemm(kern, arm, m, &a, lda, &pm, &mut c, ldc);
+                        let (want, mag) = exact(m, &a, lda, &w, n, k, arm == Arm::Bf16);
+                        for i in 0..m {
+                            for j in 0..n {
+                                let got = c[i * ldc + j] as f64;
+                                let err = (got - want[i * n + j]).abs();
+                                let tol = 2e-6 * (k as f64).sqrt() * mag[i * n + j] + 1e-30;
+                                assert!(
+                                    err <= tol,
+                                    "{kern:?} {arm:?} {m}×{n}×{k} [{i},{j}]: {got} vs {}",
+                                    want[i * n + j]
+                                );
+                            }
+                            // Columns past n are never written.
+                            assert!(c[i * ldc + n..i * ldc + ldc].iter().all(|x| x.is_nan()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_rows_do_not_depend_on_their_batch() {
+        let (m, n, k) = (23, 130, 300);
+        let mut seed = 99;
+        let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|_| crate::kernels::bf16_to_f32(bf16_bits(lcg(&mut seed))))
+            .collect();
+        let pm = PackedMatrix::from_f32(n, k, &w);
+        for kern in all_kernels() {
+            for arm in [Arm::Fp32, Arm::Bf16] {
+                let mut all = vec![0f32; m * n];
+                gemm(kern, arm, m, &a, k, &pm, &mut all, n);
+                for start in [0, 1, 5, 17] {
+                    for len in [1, 2, 6, 7] {
+                        if start + len > m {
+                            continue;
+                        }
+                        let mut part = vec![0f32; len * n];
+                        gemm(kern, arm, len, &a[start * k..], k, &pm, &mut part, n);
+                        assert_eq!(
+                            &part[..],
+                            &all[start * n..(start + len) * n],
+                            "{kern:?} {arm:?} {start}+{len}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! `C (+)= A · B` for f32 matrices in memory: the products inside the Gated DeltaNet chunks, attention
+//! and the unmerged LoRA. Sizes are small (a 64-token chunk, a 128-wide head) and both operands change
+//! with every call, so there is no packing: a 6-row × 64-column register block (12 × 16 or 12 × 32 for
+//! narrow outputs) reads `B` rows straight from memory.
+
+use std::cell::Cell;
+
+use rayon::prelude::*;
+
+use super::{Kernels, SendPtr};
+
+thread_local! {
+    static PACK: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// A row-major matrix view: `rows × cols` with row stride `ld`.
+#[derive(Debug, Clone, Copy)]
+pub struct Mat<'a> {
+    /// The elements (at least `(rows − 1) · ld + cols`).
+    pub data: &'a [f32],
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Row stride.
+    pub ld: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// A dense `rows × cols` view.
+    pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Mat {
+            data,
+            rows,
+            cols,
+            ld: cols,
+        }
+    }
+
+    fn check(&self, what: &str) {
+        assert!(
+            self.ld >= self.cols
+                && (self.rows == 0 || self.data.len() >= (self.rows - 1) * self.ld + self.cols),
+            "matmul: {what} too short"
+        );
+    }
+}
+
+/// `C[m × n] = A[m × k] · B[k × n]` (or `+=` when `accumulate`); `c` row-major with stride `ldc`.
+/// Each element is one FMA chain over `k` in increasing order (from the old value when accumulating).
+pub fn matmul(kern: Kernels, a: Mat<'_>, b: Mat<'_>, c: &mut [f32], ldc: usize, accumulate: bool) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "matmul: inner sizes differ");
+    a.check("A");
+    b.check("B");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        ldc >= n && c.len() >= (m - 1) * ldc + n,
+        "matmul: C too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if kern.avx512() {
+        if m >= 24 && b.ld >= 128 {
+            // Rows of B a power-of-two apart share L1 sets; copy each 64-column block of B into a
+            // dense `[k, 64]` buffer first (same arithmetic, same order).
+            return PACK.with(|p| {
+                let mut buf = p.take();
+                let mut j0 = 0;
+                while j0 < n {
+                    let nc = (n - j0).min(64);
+                    if buf.len() < k * 64 {
+                        buf.resize(k * 64, 0.0);
+                    }
+                    for kk in 0..k {
+                        buf[kk * 64..kk * 64 + nc]
+                            .copy_from_slice(&b.data[kk * b.ld + j0..kk * b.ld + j0 + nc]);
+                    }
+                    // SAFETY: AVX-512F checked; A and C extents asserted above, `buf` holds k rows of 64.
+                    unsafe {
+                        super::x86::matmul_f32(
+                            m,
+                            nc,
+                            k,
+                            a.data.as_ptr(),
+                            a.ld,
+                            buf.as_ptr(),
+                            64,
+                            c.as_mut_ptr().add(j0),
+                            ldc,
+                            accumulate,
+                        )
+                    };
+                    j0 += 64;
+                }
+                p.set(buf);
+            });
+        }
+        // SAFETY: AVX-512F checked; the three extents were asserted above.
+        unsafe {
+            super::x86::matmul_f32(
+                m,
+                n,
+                k,
+                a.data.as_ptr(),
+                a.ld,
+                b.data.as_ptr(),
+                b.ld,
+                c.as_mut_ptr(),
+                ldc,
+                accumulate,
+            )
+        };
+        return;
+    }
+    let _ = kern;
+    for i in 0..m {
+        let crow = &mut c[i * ldc..i * ldc + n];
+        if !accumulate {
+            crow.fill(0.0);
+        }
+        for kk in 0..k {
+            let x = a.data[i * a.ld + kk];
+            let brow = &b.data[kk * b.ld..kk * b.ld + n];
+            for (cj, bj) in crow.iter_mut().zip(brow) {
+                *cj += x * bj;
+            }
+        }
+    }
+}
+
+/// [`matmul`] with the rows of `A` split across threads (for the tall products of the LoRA path).
+/// Results are identical to [`matmul`]: rows never interact.
+pub fn matmul_par(
+    kern: Kernels,
+    a: Mat<'_>,
+    b: Mat<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    const ROWS: usize = 48;
+    let (m, n) = (a.rows, b.cols);
+    if m <= ROWS {
+        return matmul(kern, a, b, c, ldc, accumulate);
+    }
+    a.check("A");
+    assert!(
+        ldc >= n && c.len() >= (m - 1) * ldc + n,
+        "matmul: C too short"
+    );
+    let cp = SendPtr(c.as_mut_ptr());
+    let clen = c.len();
+    (0..m.div_ceil(ROWS)).into_par_iter().for_each(|blk| {
+        let i0 = blk * ROWS;
+        let rows = (m - i0).min(ROWS);
+        let sub = Mat {
+            data: &a.data[i0 * a.ld..],
+            rows,
+            cols: a.cols,
+            ld: a.ld,
+        };
+        let start = i0 * ldc;
+        let len = ((rows - 1) * ldc + n).min(clen - start);
+        // SAFETY: blocks cover disjoint row ranges of `c`, so the sub-slices never overlap.
+        let csub = unsafe { std::slice::from_raw_parts_mut(cp.get().add(start), len) };
+        matmul(kern, sub, b, csub, ldc, accumulate);
+    });
+}
+
+/// Transpose `src` (`rows × cols`, stride `lds`) into `dst` (`cols × rows`, dense).
+pub fn transpose(src: &[f32], rows: usize, cols: usize, lds: usize, dst: &mut [f32]) {
+    assert!(dst.len() >= rows * cols, "transpose: dst too short");
+    const B: usize = 16;
+    for i0 in (0..rows).step_by(B) {
+        for j0 in (0..cols).step_by(B) {
+            for i in i0..(i0 + B).min(rows) {
+                for j in j0..(j0 + B).min(cols) {
+                    dst[j * rows + i] = src[i * lds + j];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Isa;
+
+    #[test]
+    fn matmul_matches_naive_and_is_row_independent() {
+        let kernels: Vec<Kernels> = [Isa::Portable, Isa::Avx512]
+            .into_iter()
+            .filter_map(Kernels::with_isa)
+            .collect();
+        let mut seed = 5u64;
+        let mut r = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for kern in kernels {
+            for &(m, k, n) in &[
+                (1, 1, 1),
+                (7, 5, 17),
+                (13, 64, 64),
+                (128, 128, 128),
+                (30, 9, 150),
+                (100, 2560, 16),
+            ] {
+                let lda = k + 1;
+                let ldb = n + 2;
+                let a: Vec<f32> = (0..m * lda).map(|_| r()).collect();
+                let b: Vec<f32> = (0..k * ldb).map(|_| r()).collect();
+                let c0: Vec<f32> = (0..m * n).map(|_| r()).collect();
+                for acc in [false, true] {
+                    let mut c = c0.clone();
+                    let am = Mat {
+                        data: &a,
+                        rows: m,
+                        cols: k,
+                        ld: lda,
+                    };
+                    let bm = Mat {
+                        data: &b,
+                        rows: k,
+                        cols: n,
+                        ld: ldb,
+                    };
+                    matmul(kern, am, bm, &mut c, n, acc);
+                    let mut cp = c0.clone();
+                    matmul_par(kern, am, bm, &mut cp, n, acc);
+                    assert_eq!(c, cp);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut s = if acc { c0[i * n + j] as f64 } else { 0.0 };
+                            let mut mag = s.abs();
+                            for kk in 0..k {
+                                let p = a[i * lda + kk] as f64 * b[kk * ldb + j] as f64;
+                                s += p;
+                                mag += p.abs();
+                            }
+                            let err = (c[i * n + j] as f64 - s).abs();
+                            assert!(
+                                err <= 2e-6 * (k as f64).sqrt() * mag + 1e-30,
+                                "{kern:?} {m}×{k}×{n} [{i},{j}]"
+                            );
+                        }
+                    }
+                    // One row alone gives the same bits as inside the block.
+                    if m > 3 {
+                        let mut one = c0[3 * n..4 * n].to_vec();
+                        let a3 = Mat {
+                            data: &a[3 * lda..],
+                            rows: 1,
+                            cols: k,
+                            ld: lda,
+                        };
+                        matmul(kern, a3, bm, &mut one, n, acc);
+                        assert_eq!(&one[..], &c[3 * n..4 * n]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_round_trip() {
+        let src: Vec<f32> = (0..7 * 40).map(|i| i as f32).collect();
+        let mut t = vec![0f32; 7 * 37];
+        transpose(&src, 7, 37, 40, &mut t);
+        let mut back = vec![0f32; 7 * 37];
+        transpose(&t, 37, 7, 7, &mut back);
+        for i in 0..7 {
+            assert_eq!(&back[i * 37..(i + 1) * 37], &src[i * 40..i * 40 + 37]);
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Weight matrices repacked at load into the GEMM's panel layout.
+//!
+//! A linear layer `y = x · Wᵀ` has `W` stored `[n_out, k_in]`. The GEMM vectorises over outputs, so the
+//! matrix is cut into panels of [`NR`] = 64 output rows, and inside a panel the values of one input index
+//! for all 64 outputs sit next to each other. For BF16 storage, input indices are taken in pairs and
+//! interleaved (`[k/2][64][2]`): one 512-bit load then holds 16 outputs × 2 inputs, exactly the operand
+//! of `vdpbf16ps`, and for the fp32 arm a shift and a mask widen it to two f32 vectors exactly.
+//!
+//! Weights that are not all representable in bf16 (an F32 tensor with full mantissas) keep f32 storage,
+//! `[k][64]` per panel, so the fp32 arm stays exact for any checkpoint.
+
+use rayon::prelude::*;
+
+use super::bf16_to_f32;
+use super::buf::AlignedBuf;
+
+/// Output rows per panel (4 vectors of 16 f32 lanes).
+pub const NR: usize = 64;
+
+/// Where the rows of one part of a packed matrix come from: little-endian bytes, row-major `[rows, k]`.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// bfloat16 values.
+    Bf16(&'a [u8]),
+    /// f32 values.
+    F32(&'a [u8]),
+    /// f32 values already in memory.
+    F32Slice(&'a [f32]),
+    /// bfloat16 bit patterns already in memory.
+    Bf16Bits(&'a [u16]),
+}
+
+/// A block of consecutive output rows.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    /// Number of output rows.
+    pub rows: usize,
+    /// The values.
+    pub src: Source<'a>,
+}
+
+pub(crate) enum Store {
+    Bf16(AlignedBuf<u16>),
+    F32(AlignedBuf<f32>),
+}
+
+/// An immutable weight matrix `[n, k]` in panel layout.
+pub struct PackedMatrix {
+    n: usize,
+    k: usize,
+    kp: usize,
+    store: Store,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PackedMatrix {{ n: {}, k: {}, {} }}",
+            self.n,
+            self.k,
+            if self.is_bf16() { "bf16" } else { "f32" }
+        )
+    }
+}
+
+impl PackedMatrix {
+    /// Pack the vertical concatenation of `parts` (each `[rows, k]`). Storage is BF16 unless some f32
+    /// value is not exactly a bf16, in which case the whole matrix keeps f32.
+    ///
+    /// Panics if a part's byte length is not `rows · k · size`; the loader checks shapes first.
+    pub fn from_parts(k: usize, parts: &[Part<'_>]) -> Self {
+        let n: usize = parts.iter().map(|p| p.rows).sum();
+        for p in parts {
+            let len = match p.src {
+                Source::Bf16(b) => b.len() / 2,
+                Source::F32(b) => b.len() / 4,
+                Source::F32Slice(s) => s.len(),
+                Source::Bf16Bits(s) => s.len(),
+            };
+            assert_eq!(len, p.rows * k, "part size does not match its shape");
+        }
+        let exact = parts.iter().all(|p| match p.src {
+            Source::Bf16(_) | Source::Bf16Bits(_) => true,
+            Source::F32(b) => b
+                .par_chunks(4 * 4096)
+                .all(|c| c.chunks_exact(4).all(|x| x[0] == 0 && x[1] == 0)),
+            Source::F32Slice(s) => s.par_iter().all(|x| x.to_bits() & 0xffff == 0),
+        });
+        // Row start of each part, to find a global row's source.
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut acc = 0;
+        for p in parts {
+            starts.push(acc);
+            acc += p.rows;
+        }
+        let locate = |row: usize| -> (usize, usize) {
+            let i = starts.partition_point(|&s| s <= row) - 1;
+            (i, row - starts[i])
+        };
+        let kp = k.div_ceil(2);
+        let panels = n.div_ceil(NR);
+        let panel_len = kp * NR * 2;
+        let store = if exact {
+            let mut data = AlignedBuf::<u16>::zeroed(panels * panel_len);
+            data.par_chunks_mut(panel_len)
+                .enumerate()
+                .for_each(|(p, chunk)| {
+                    for j in 0..NR {
+                        let row = p * NR + j;
+                        if row >= n {
+                            break;
+                        }
+                        let (pi, r) = locate(row);
+                        let put = |kk: usize, v: u16, chunk: &mut [u16]| {
+                            chunk[((kk / 2) * NR + j) * 2 + (kk & 1)] = v;
+                        };
+                        match parts[pi].src {
+                            Source::Bf16(b) => {
+                                let rb = &b[r * k * 2..(r + 1) * k * 2];
+                                for (kk, x) in rb.chunks_exact(2).enumerate() {
+                                    put(kk, u16::from_le_bytes([x[0], x[1]]), chunk);
+                                }
+                            }
+                            Source::F32(b) => {
+                                let rb = &b[r * k * 4..(r + 1) * k * 4];
+                                for (kk, x) in rb.chunks_exact(4).enumerate() {
+                                    put(kk, u16::from_le_bytes([x[2], x[3]]), chunk);
+                                }
+                            }
+                            Source::F32Slice(s) => {
+                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
+                                    put(kk, (x.to_bits() >> 16) as u16, chunk);
+                                }
+                            }
+                            Source::Bf16Bits(s) => {
+                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
+                                    put(kk, *x, chunk);
+                                }
+                            }
+                        }
+                    }
+                });
+            Store::Bf16(data)
+        } else {
+            let panel_len = 2 * kp * NR;
+            let mut data = AlignedBuf::<f32>::zeroed(panels * panel_len);
+            data.par_chunks_mut(panel_len)
+                .enumerate()
+                .for_each(|(p, chunk)| {
+                    for j in 0..NR {
+                        let row = p * NR + j;
+                        if row >= n {
+                            break;
+                        }
+                        let (pi, r) = locate(row);
+                        match parts[pi].src {
+                            Source::Bf16(b) => {
+                                let rb = &b[r * k * 2..(r + 1) * k * 2];
+                                for (kk, x) in rb.chunks_exact(2).enumerate() {
+                                    chunk[kk * NR + j] =
+                                        bf16_to_f32(u16::from_le_bytes([x[0], x[1]]));
+                                }
+                            }
+                            Source::F32(b) => {
+                                let rb = &b[r * k * 4..(r + 1) * k * 4];
+                                for (kk, x) in rb.chunks_exact(4).enumerate() {
+                                    chunk[kk * NR + j] =
+                                        f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                                }
+                            }
+                            Source::F32Slice(s) => {
+                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
+                                    chunk[kk * NR + j] = *x;
+                                }
+                            }
+                            Source::Bf16Bits(s) => {
+                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
+                                    chunk[kk * NR + j] = bf16_to_f32(*x);
+                                }
+                            }
+                        }
+                    }
+                });
+            Store::F32(data)
+        };
+        PackedMatrix { n, k, kp, store }
+    }
+
+    /// Pack a row-major `[n, k]` f32 matrix (BF16 storage when every value is a bf16).
+    pub fn from_f32(n: usize, k: usize, w: &[f32]) -> Self {
+        Self::from_parts(
+            k,
+            &[Part {
+                rows: n,
+                src: Source::F32Slice(w),
+            }],
+        )
+    }
+
+    /// Output rows.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input columns.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Input index pairs (`k` rounded up to even, halved).
+    pub(crate) fn kp(&self) -> usize {
+        self.kp
+    }
+
+    /// Number of 64-row panels.
+    pub(crate) fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
+    /// Whether the values are stored as bf16.
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.store, Store::Bf16(_))
+    }
+
+    /// Bytes of weight storage.
+    pub fn bytes(&self) -> usize {
+        match &self.store {
+            Store::Bf16(d) => d.len() * 2,
+            Store::F32(d) => d.len() * 4,
+        }
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// One weight, `W[row, col]`, widened to f32.
+    pub fn get(&self, row: usize, col: usize) -> f32 {
+        let (p, j) = (row / NR, row % NR);
+        match &self.store {
+            Store::Bf16(d) => {
+                let base = p * self.kp * NR * 2;
+                bf16_to_f32(d[base + ((col / 2) * NR + j) * 2 + (col & 1)])
+            }
+            Store::F32(d) => d[p * 2 * self.kp * NR + col * NR + j],
+        }
+    }
+
+    /// The matrix back as row-major `[n, k]` f32 (for the reference path and tests).
+    pub fn to_f32_rows(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.n * self.k];
+        for r in 0..self.n {
+            for c in 0..self.k {
+                out[r * self.k + c] = self.get(r, c);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_both_storages() {
+        let (n, k) = (70, 5);
+        let exact: Vec<f32> = (0..n * k)
+            .map(|i| super::super::bf16_to_f32(super::super::bf16_bits(i as f32 * 0.37 - 9.0)))
+            .collect();
+        let m = PackedMatrix::from_f32(n, k, &exact);
+        assert!(m.is_bf16());
+        assert_eq!(m.to_f32_rows(), exact);
+        let full: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.123_456_7 - 3.0).collect();
+        let m = PackedMatrix::from_f32(n, k, &full);
+        assert!(!m.is_bf16());
+        assert_eq!(m.to_f32_rows(), full);
+        // Two parts, one BF16 bytes, one F32 bytes: rows concatenate in order.
+        let a: Vec<u8> = exact[..3 * k]
+            .iter()
+            .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let b: Vec<u8> = exact[3 * k..]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let m = PackedMatrix::from_parts(
+            k,
+            &[
+                Part {
+                    rows: 3,
+                    src: Source::Bf16(&a),
+                },
+                Part {
+                    rows: n - 3,
+                    src: Source::F32(&b),
+                },
+            ],
+        );
+        assert!(m.is_bf16());
+        assert_eq!(m.to_f32_rows(), exact);
+    }
+}

@@ -1,0 +1,722 @@
+//! The loaded backbone: weights repacked into owned panel buffers, immutable, shareable behind an `Arc`.
+//!
+//! Loading reads `config.json`, opens the safetensors store (single file or index + shards, memory-mapped),
+//! resolves the name prefix once (`model.language_model.`, `model.` or none), checks every tensor's dtype
+//! (BF16 or F32) and shape, packs each projection (fusing the ones that read the same input: GDN
+//! `in_proj_{qkv,z,b,a}`, attention `{q,k,v}_proj`, MLP `{gate,up}_proj`), tells the kernel it may drop
+//! the mapped pages it has copied, and finally refuses any tensor it did not use unless it is on the ignore
+//! list (`mtp.*`, `model.visual.*`, `lm_head.weight`). Errors carry the full stored tensor name.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use kev_release::adapter::LoraWeights;
+use kev_release::merge::merge_weight;
+use kev_release::shards::{Dtype, TensorStore, TensorView};
+
+use crate::config::{LayerKind, Qwen35Config};
+use crate::error::EngineError;
+use crate::kernels::pack::{Part, Source};
+use rayon::prelude::*;
+
+use crate::kernels::{Arm, Kernels, PackedMatrix, SendPtr, gemm, matmul};
+use crate::lora::{LoraAdapter, LoraPair, to_f32};
+use crate::scratch::with_tls;
+
+/// A LoRA update attached to a column range of a (possibly fused) projection.
+#[derive(Debug)]
+pub(crate) struct LoraSeg {
+    /// First output column.
+    pub col: usize,
+    /// Output columns.
+    pub n: usize,
+    /// Rank.
+    pub r: usize,
+    /// Input width.
+    pub k: usize,
+    /// `Aᵀ [k, r]`.
+    pub a_t: Vec<f32>,
+    /// `Bᵀ [r, n]`.
+    pub b_t: Vec<f32>,
+    /// `A [r, k]` as stored (reference path).
+    pub a: Vec<f32>,
+    /// `B [n, r]` as stored (reference path).
+    pub b: Vec<f32>,
+    /// Scale.
+    pub scale: f32,
+}
+
+/// A projection `y = x · Wᵀ (+ LoRA)`, possibly several checkpoint modules fused along the outputs.
+#[derive(Debug)]
+pub(crate) struct Linear {
+    pub w: PackedMatrix,
+    pub loras: Vec<LoraSeg>,
+}
+
+impl Linear {
+    /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over `m` rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply(
+        &self,
+        kern: Kernels,
+        arm: Arm,
+        m: usize,
+        x: &[f32],
+        ldx: usize,
+        out: &mut [f32],
+        ldo: usize,
+    ) {
+        gemm(kern, arm, m, x, ldx, &self.w, out, ldo);
+        if self.loras.is_empty() {
+            return;
+        }
+        // Row blocks in parallel; each computes t = x·Aᵀ, u = t·Bᵀ and adds u·s (PEFT: result +
+        // lora_B(lora_A(x)) * scaling, the product rounded before the sum). Rows never interact.
+        const ROWS: usize = 32;
+        let op = SendPtr(out.as_mut_ptr());
+        let olen = out.len();
+        (0..m.div_ceil(ROWS)).into_par_iter().for_each(|blk| {
+            let i0 = blk * ROWS;
+            let rows = (m - i0).min(ROWS);
+            for seg in &self.loras {
+                with_tls(rows * (seg.r + seg.n), |buf| {
+                    let (t, u) = buf.split_at_mut(rows * seg.r);
+                    matmul::matmul(
+                        kern,
+                        matmul::Mat {
+                            data: &x[i0 * ldx..],
+                            rows,
+                            cols: seg.k,
+                            ld: ldx,
+                        },
+                        matmul::Mat::new(&seg.a_t, seg.k, seg.r),
+                        t,
+                        seg.r,
+                        false,
+                    );
+                    matmul::matmul(
+                        kern,
+                        matmul::Mat::new(t, rows, seg.r),
+                        matmul::Mat::new(&seg.b_t, seg.r, seg.n),
+                        u,
+                        seg.n,
+                        false,
+                    );
+                    for r in 0..rows {
+                        let off = (i0 + r) * ldo + seg.col;
+                        debug_assert!(off + seg.n <= olen);
+                        // SAFETY: block `blk` writes only its own rows i0..i0+rows of `out`.
+                        let o = unsafe { std::slice::from_raw_parts_mut(op.get().add(off), seg.n) };
+                        for (oj, uj) in o.iter_mut().zip(&u[r * seg.n..(r + 1) * seg.n]) {
+                            *oj += *uj * seg.scale;
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// Gated DeltaNet mixer weights (`linear_attn`).
+#[derive(Debug)]
+pub(crate) struct GdnWeights {
+    /// Fused `[in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]`.
+    pub in_proj: Linear,
+    /// Conv taps transposed, `[4][conv_dim]` (tap 3 multiplies the current token).
+    pub conv_t: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// `−exp(A_log)` in f32, as HF computes it each call.
+    pub neg_a: Vec<f32>,
+    /// Gated RMSNorm weight (`x·w`, shared by all value heads).
+    pub norm: Vec<f32>,
+    pub out_proj: Linear,
+}
+
+/// Gated attention mixer weights (`self_attn`).
+#[derive(Debug)]
+pub(crate) struct AttnWeights {
+    /// Fused `[q_proj (query+gate interleaved per head); k_proj; v_proj]`.
+    pub qkv: Linear,
+    /// `1 + q_norm.weight`.
+    pub q_norm: Vec<f32>,
+    /// `1 + k_norm.weight`.
+    pub k_norm: Vec<f32>,
+    pub o_proj: Linear,
+}
+
+#[derive(Debug)]
+pub(crate) enum Mixer {
+    Gdn(GdnWeights),
+    Attn(AttnWeights),
+}
+
+/// One decoder layer.
+#[derive(Debug)]
+pub(crate) struct Layer {
+    /// `1 + input_layernorm.weight`.
+    pub input_norm: Vec<f32>,
+    /// `1 + post_attention_layernorm.weight`.
+    pub post_norm: Vec<f32>,
+    pub mixer: Mixer,
+    /// Fused `[gate_proj; up_proj]`.
+    pub gate_up: Linear,
+    pub down: Linear,
+}
+
+/// The token embedding table, kept in its stored dtype.
+pub(crate) enum Embedding {
+    Bf16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+impl std::fmt::Debug for Embedding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Embedding::Bf16(v) => write!(f, "Embedding::Bf16({} values)", v.len()),
+            Embedding::F32(v) => write!(f, "Embedding::F32({} values)", v.len()),
+        }
+    }
+}
+
+impl Embedding {
+    pub fn row(&self, id: usize, width: usize, out: &mut [f32]) {
+        match self {
+            Embedding::Bf16(v) => {
+                for (o, b) in out.iter_mut().zip(&v[id * width..(id + 1) * width]) {
+                    *o = crate::kernels::bf16_to_f32(*b);
+                }
+            }
+            Embedding::F32(v) => out.copy_from_slice(&v[id * width..(id + 1) * width]),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Embedding::Bf16(v) => v.len() * 2,
+            Embedding::F32(v) => v.len() * 4,
+        }
+    }
+}
+
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// A PEFT adapter directory to apply unmerged (the `exact` weight form); `None` loads the directory's
+    /// weights as they are (a `merged` export, or the plain base).
+    pub adapter: Option<std::path::PathBuf>,
+    /// Kernels to compute with; `None` detects the best this CPU has.
+    pub kernels: Option<Kernels>,
+    /// With an adapter: merge it into the weights at load (`bf16(fp32(W) + (B @ A) · s)`, bit-exact with
+    /// the prepared export, so this is the `merged` form without running `kev prepare`) instead of
+    /// keeping it unmerged.
+    pub merge_adapter: bool,
+}
+
+/// The Qwen3.5 text backbone, loaded and ready to run. Immutable; share it with `Arc`.
+#[derive(Debug)]
+pub struct Backbone {
+    pub(crate) cfg: Qwen35Config,
+    pub(crate) embed: Embedding,
+    pub(crate) layers: Vec<Layer>,
+    /// `1 + norm.weight`.
+    pub(crate) final_norm: Vec<f32>,
+    pub(crate) kern: Kernels,
+    /// RoPE inverse frequencies in f32, as HF computes them.
+    pub(crate) inv_freq: Vec<f32>,
+    /// Activation buffers, reused across calls (one per concurrent call).
+    pub(crate) pool: std::sync::Mutex<Vec<crate::scratch::Workspace>>,
+}
+
+impl Backbone {
+    /// Load `dir` (config.json + safetensors), optionally with an unmerged LoRA adapter.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        let cfg = Qwen35Config::from_dir(dir)?;
+        let store = TensorStore::open(dir)?;
+        let adapter = opts
+            .adapter
+            .as_deref()
+            .map(LoraAdapter::from_dir)
+            .transpose()?;
+        let kern = opts.kernels.unwrap_or_else(Kernels::detect);
+        Self::from_store(cfg, &store, adapter, opts.merge_adapter, kern)
+    }
+
+    /// Build from an opened store; with `merge`, the adapter is merged into the weights at load.
+    pub fn from_store(
+        cfg: Qwen35Config,
+        store: &TensorStore,
+        mut adapter: Option<LoraAdapter>,
+        merge: bool,
+        kern: Kernels,
+    ) -> Result<Self, EngineError> {
+        let prefix = store.text_prefix()?;
+        let mut ld = Loader {
+            store,
+            prefix,
+            used: HashSet::new(),
+        };
+        let h = cfg.hidden_size;
+        let emb = ld.view("embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let embed = match emb.dtype {
+            Dtype::BF16 => Embedding::Bf16(
+                emb.data
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
+            _ => Embedding::F32(to_f32(&emb)?),
+        };
+        ld.release("embed_tokens.weight");
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        for (i, kind) in cfg.layer_types.iter().enumerate() {
+            layers.push(load_layer(
+                &cfg,
+                &mut ld,
+                adapter.as_mut(),
+                merge,
+                i,
+                *kind,
+            )?);
+        }
+        let final_norm = ld.norm1p("norm.weight", h)?;
+        if let Some(a) = &adapter
+            && let Some(((layer, module), _)) = a.modules.iter().next()
+        {
+            return Err(EngineError::Adapter(format!(
+                "adapter has weights for layers.{layer}.{module}, which the model does not have"
+            )));
+        }
+        ld.check_unused()?;
+        let inv_freq = rope_inv_freq(cfg.rope_theta, cfg.rotary_dim);
+        Ok(Backbone {
+            cfg,
+            embed,
+            layers,
+            final_norm,
+            kern,
+            inv_freq,
+            pool: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The decoder configuration.
+    pub fn config(&self) -> &Qwen35Config {
+        &self.cfg
+    }
+
+    /// The kernels in use.
+    pub fn kernels(&self) -> Kernels {
+        self.kern
+    }
+
+    /// Bytes of owned weight storage (packed projections, embedding, small vectors).
+    pub fn weight_bytes(&self) -> usize {
+        let lin = |l: &Linear| {
+            l.w.bytes()
+                + l.loras
+                    .iter()
+                    .map(|s| 4 * (s.a_t.len() + s.b_t.len() + s.a.len() + s.b.len()))
+                    .sum::<usize>()
+        };
+        let mut total = self.embed.bytes() + 4 * self.final_norm.len();
+        for l in &self.layers {
+            total += lin(&l.gate_up) + lin(&l.down) + 4 * (l.input_norm.len() + l.post_norm.len());
+            total += match &l.mixer {
+                Mixer::Gdn(g) => {
+                    lin(&g.in_proj)
+                        + lin(&g.out_proj)
+                        + 4 * (g.conv_t.len() + g.dt_bias.len() + g.neg_a.len() + g.norm.len())
+                }
+                Mixer::Attn(a) => {
+                    lin(&a.qkv) + lin(&a.o_proj) + 4 * (a.q_norm.len() + a.k_norm.len())
+                }
+            };
+        }
+        total
+    }
+
+    /// Whether a LoRA is applied unmerged (the `exact` form).
+    pub fn has_lora(&self) -> bool {
+        self.layers.iter().any(|l| {
+            !l.gate_up.loras.is_empty()
+                || !l.down.loras.is_empty()
+                || match &l.mixer {
+                    Mixer::Gdn(g) => !g.in_proj.loras.is_empty() || !g.out_proj.loras.is_empty(),
+                    Mixer::Attn(a) => !a.qkv.loras.is_empty() || !a.o_proj.loras.is_empty(),
+                }
+        })
+    }
+}
+
+/// HF's `1.0 / (base ** (arange(0, dim, 2).float() / dim))`, evaluated in f32 like torch.
+pub(crate) fn rope_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| {
+            let e = (2 * i) as f32 / dim as f32;
+            let p = (theta as f32 as f64).powf(e as f64) as f32;
+            1.0f32 / p
+        })
+        .collect()
+}
+
+fn load_layer(
+    cfg: &Qwen35Config,
+    ld: &mut Loader<'_>,
+    mut adapter: Option<&mut LoraAdapter>,
+    merge: bool,
+    i: usize,
+    kind: LayerKind,
+) -> Result<Layer, EngineError> {
+    let h = cfg.hidden_size;
+    let p = |s: &str| format!("layers.{i}.{s}");
+    let input_norm = ld.norm1p(&p("input_layernorm.weight"), h)?;
+    let post_norm = ld.norm1p(&p("post_attention_layernorm.weight"), h)?;
+    let mut lin =
+        |ld: &mut Loader<'_>, parts: &[(&str, usize)], k: usize| -> Result<Linear, EngineError> {
+            let names: Vec<(String, usize)> = parts
+                .iter()
+                .map(|(m, rows)| (p(&format!("{m}.weight")), *rows))
+                .collect();
+            let mut loras = Vec::new();
+            let mut merged: Vec<Option<Vec<u16>>> = vec![None; parts.len()];
+            let mut col = 0;
+            for (pi, (m, rows)) in parts.iter().enumerate() {
+                if let Some(a) = adapter.as_deref_mut()
+                    && let Some(pair) = a.take(i, m)
+                {
+                    if merge {
+                        merged[pi] = Some(ld.merged(&names[pi].0, pair, *rows, k)?);
+                    } else {
+                        loras.push(seg(pair, col, *rows, k, &p(m))?);
+                    }
+                }
+                col += rows;
+            }
+            let w = ld.matrix(&names, k, &merged)?;
+            Ok(Linear { w, loras })
+        };
+    let mixer = match kind {
+        LayerKind::Linear => {
+            let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+            let in_proj = lin(
+                ld,
+                &[
+                    ("linear_attn.in_proj_qkv", cd),
+                    ("linear_attn.in_proj_z", vd),
+                    ("linear_attn.in_proj_b", nv),
+                    ("linear_attn.in_proj_a", nv),
+                ],
+                h,
+            )?;
+            let out_proj = lin(ld, &[("linear_attn.out_proj", h)], vd)?;
+            let conv = ld.vec_f32(&p("linear_attn.conv1d.weight"), &[cd, 1, cfg.conv_kernel])?;
+            let mut conv_t = vec![0f32; cfg.conv_kernel * cd];
+            for c in 0..cd {
+                for j in 0..cfg.conv_kernel {
+                    conv_t[j * cd + c] = conv[c * cfg.conv_kernel + j];
+                }
+            }
+            let dt_bias = ld.vec_f32(&p("linear_attn.dt_bias"), &[nv])?;
+            let a_log = ld.vec_f32(&p("linear_attn.A_log"), &[nv])?;
+            let norm = ld.vec_f32(&p("linear_attn.norm.weight"), &[cfg.linear_value_head_dim])?;
+            Mixer::Gdn(GdnWeights {
+                in_proj,
+                conv_t,
+                dt_bias,
+                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                norm,
+                out_proj,
+            })
+        }
+        LayerKind::Full => {
+            let (nh, nkv, hd) = (
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+            );
+            let qkv = lin(
+                ld,
+                &[
+                    ("self_attn.q_proj", 2 * nh * hd),
+                    ("self_attn.k_proj", nkv * hd),
+                    ("self_attn.v_proj", nkv * hd),
+                ],
+                h,
+            )?;
+            let o_proj = lin(ld, &[("self_attn.o_proj", h)], nh * hd)?;
+            Mixer::Attn(AttnWeights {
+                qkv,
+                q_norm: ld.norm1p(&p("self_attn.q_norm.weight"), hd)?,
+                k_norm: ld.norm1p(&p("self_attn.k_norm.weight"), hd)?,
+                o_proj,
+            })
+        }
+    };
+    let im = cfg.intermediate_size;
+    let gate_up = lin(ld, &[("mlp.gate_proj", im), ("mlp.up_proj", im)], h)?;
+    let down = lin(ld, &[("mlp.down_proj", h)], im)?;
+    Ok(Layer {
+        input_norm,
+        post_norm,
+        mixer,
+        gate_up,
+        down,
+    })
+}
+
+fn seg(
+    pair: LoraPair,
+    col: usize,
+    n: usize,
+    k: usize,
+    module: &str,
+) -> Result<LoraSeg, EngineError> {
+    if pair.k != k || pair.n != n {
+        return Err(EngineError::Adapter(format!(
+            "{module}: LoRA maps {} → {} but the module maps {k} → {n}",
+            pair.k, pair.n
+        )));
+    }
+    let r = pair.r;
+    let mut a_t = vec![0f32; k * r];
+    crate::kernels::matmul::transpose(&pair.a, r, k, k, &mut a_t);
+    let mut b_t = vec![0f32; r * n];
+    crate::kernels::matmul::transpose(&pair.b, n, r, r, &mut b_t);
+    Ok(LoraSeg {
+        col,
+        n,
+        r,
+        k,
+        a_t,
+        b_t,
+        a: pair.a,
+        b: pair.b,
+        scale: pair.scale,
+    })
+}
+
+/// Tensor access by unprefixed name, with dtype/shape checks and a record of what was used.
+struct Loader<'a> {
+    store: &'a TensorStore,
+    prefix: &'static str,
+    used: HashSet<String>,
+}
+
+impl<'a> Loader<'a> {
+    fn view(&mut self, name: &str, shape: &[usize]) -> Result<TensorView<'a>, EngineError> {
+        let full = format!("{}{name}", self.prefix);
+        let v = self
+            .store
+            .get(&full)
+            .map_err(|_| EngineError::tensor(&full, "missing"))?;
+        if !matches!(v.dtype, Dtype::BF16 | Dtype::F32) {
+            return Err(EngineError::tensor(
+                &full,
+                format!("dtype {} is not supported (BF16 or F32)", v.dtype.name()),
+            ));
+        }
+        if v.shape != shape {
+            return Err(EngineError::tensor(
+                &full,
+                format!("shape {:?}, expected {shape:?}", v.shape),
+            ));
+        }
+        let size = v.dtype.size().unwrap_or(0);
+        if v.data.len() != v.numel() * size {
+            return Err(EngineError::tensor(
+                &full,
+                format!(
+                    "holds {} bytes, its shape needs {}",
+                    v.data.len(),
+                    v.numel() * size
+                ),
+            ));
+        }
+        self.used.insert(full);
+        Ok(v)
+    }
+
+    fn release(&self, name: &str) {
+        self.store.release(&format!("{}{name}", self.prefix));
+    }
+
+    fn vec_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let v = self.view(name, shape)?;
+        to_f32(&v)
+    }
+
+    /// `1 + w` in f32 for an `x·(1+w)` RMSNorm.
+    fn norm1p(&mut self, name: &str, width: usize) -> Result<Vec<f32>, EngineError> {
+        Ok(self
+            .vec_f32(name, &[width])?
+            .into_iter()
+            .map(|w| 1.0 + w)
+            .collect())
+    }
+
+    /// Pack the vertical concatenation of `parts`; a part with a `merged` replacement (BF16 bits) takes
+    /// it instead of the stored weight.
+    fn matrix(
+        &mut self,
+        parts: &[(String, usize)],
+        k: usize,
+        merged: &[Option<Vec<u16>>],
+    ) -> Result<PackedMatrix, EngineError> {
+        let mut views = Vec::with_capacity(parts.len());
+        for (name, rows) in parts {
+            views.push(self.view(name, &[*rows, k])?);
+        }
+        let parts_src: Vec<Part<'_>> = views
+            .iter()
+            .zip(parts)
+            .zip(merged)
+            .map(|((v, (_, rows)), mg)| Part {
+                rows: *rows,
+                src: match mg {
+                    Some(bits) => Source::Bf16Bits(bits),
+                    None if v.dtype == Dtype::BF16 => Source::Bf16(v.data),
+                    None => Source::F32(v.data),
+                },
+            })
+            .collect();
+        let m = PackedMatrix::from_parts(k, &parts_src);
+        for (name, _) in parts {
+            self.release(name);
+        }
+        Ok(m)
+    }
+
+    /// `bf16(fp32(W) + (B @ A) · s)` for one module, bit-exact with PEFT's merge and the author's
+    /// export (`kev_release::merge`).
+    fn merged(
+        &mut self,
+        name: &str,
+        pair: LoraPair,
+        rows: usize,
+        k: usize,
+    ) -> Result<Vec<u16>, EngineError> {
+        if pair.k != k || pair.n != rows {
+            return Err(EngineError::Adapter(format!(
+                "{name}: LoRA maps {} → {} but the module maps {k} → {rows}",
+                pair.k, pair.n
+            )));
+        }
+        let view = self.view(name, &[rows, k])?;
+        let lw = LoraWeights {
+            r: pair.r,
+            in_features: pair.k,
+            out_features: pair.n,
+            a: pair.a,
+            b: pair.b,
+        };
+        let merged = merge_weight(&view, &lw, pair.scale)
+            .map_err(|e| EngineError::Adapter(e.to_string()))?;
+        Ok(merged.into_iter().map(|x| x.to_bits()).collect())
+    }
+
+    fn check_unused(&self) -> Result<(), EngineError> {
+        for name in self.store.names() {
+            if self.used.contains(name) {
+                continue;
+            }
+            let ignored = name.starts_with("mtp.")
+                || name.starts_with("model.visual.")
+                || name.starts_with("visual.")
+                || name == "lm_head.weight";
+            if !ignored {
+                return Err(EngineError::UnexpectedTensor(name.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    /// Merging at load gives, bit for bit, the weights of the author's merged export (the fixture's
+    /// `merge.json` hashes every merged tensor after the bf16 cast).
+    #[test]
+    fn merge_at_load_is_bit_exact_with_the_export() {
+        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        let m = Backbone::load(
+            &fx.join("release/base"),
+            &LoadOptions {
+                adapter: Some(fx.join("release/kev")),
+                kernels: None,
+                merge_adapter: true,
+            },
+        )
+        .unwrap();
+        assert!(!m.has_lora());
+        let want: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fx.join("expected/merge.json")).unwrap())
+                .unwrap();
+        let c = &m.cfg;
+        let mut checked = 0;
+        for (i, l) in m.layers.iter().enumerate() {
+            let mut modules: Vec<(&Linear, Vec<(&str, usize)>)> = vec![
+                (
+                    &l.gate_up,
+                    vec![
+                        ("mlp.gate_proj", c.intermediate_size),
+                        ("mlp.up_proj", c.intermediate_size),
+                    ],
+                ),
+                (&l.down, vec![("mlp.down_proj", c.hidden_size)]),
+            ];
+            match &l.mixer {
+                Mixer::Gdn(g) => {
+                    let nv = c.linear_num_value_heads;
+                    modules.push((
+                        &g.in_proj,
+                        vec![
+                            ("linear_attn.in_proj_qkv", c.conv_dim()),
+                            ("linear_attn.in_proj_z", c.value_dim()),
+                            ("linear_attn.in_proj_b", nv),
+                            ("linear_attn.in_proj_a", nv),
+                        ],
+                    ));
+                    modules.push((&g.out_proj, vec![("linear_attn.out_proj", c.hidden_size)]));
+                }
+                Mixer::Attn(a) => {
+                    let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+                    modules.push((
+                        &a.qkv,
+                        vec![
+                            ("self_attn.q_proj", 2 * nh * hd),
+                            ("self_attn.k_proj", nkv * hd),
+                            ("self_attn.v_proj", nkv * hd),
+                        ],
+                    ));
+                    modules.push((&a.o_proj, vec![("self_attn.o_proj", c.hidden_size)]));
+                }
+            }
+            for (lin, parts) in modules {
+                assert!(lin.w.is_bf16());
+                let rows = lin.w.to_f32_rows();
+                let k = lin.w.k();
+                let mut start = 0;
+                for (name, n) in parts {
+                    let bytes: Vec<u8> = rows[start * k..(start + n) * k]
+                        .iter()
+                        .flat_map(|x| ((x.to_bits() >> 16) as u16).to_le_bytes())
+                        .collect();
+                    let key = format!("model.language_model.layers.{i}.{name}.weight");
+                    let entry = &want["tensors"][&key];
+                    assert_eq!(entry["merged"], true, "{key}");
+                    assert_eq!(
+                        hex::encode(Sha256::digest(&bytes)),
+                        entry["sha256"].as_str().unwrap(),
+                        "{key}"
+                    );
+                    checked += 1;
+                    start += n;
+                }
+            }
+        }
+        assert_eq!(checked, want["adapted"].as_u64().unwrap() as usize);
+    }
+}

@@ -1,0 +1,427 @@
+//! Random-weight releases in the published layout, written as a stream (memory stays at one chunk).
+//!
+//! `base/`: composite `config.json`, safetensors shards with `model.language_model.` names (BF16; the GDN
+//! `A_log` and gated-norm weight in F32 as the published checkpoints store them) plus a few `mtp.*`
+//! tensors a loader must skip, and `model.safetensors.index.json`. `kev/` (optional): a PEFT
+//! `adapter_config.json` + `adapter_model.safetensors` over the 12 target modules, F32, rank 16, with
+//! non-zero `B` so the adapter changes the outputs, keyed as PEFT writes them around the text model
+//! (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
+//! and the engine matches their float32 hidden states (checked by hand with transformers 5.23.0).
+//!
+//! Values come from a counter-based generator (one hash per element index), so any chunk can be made
+//! independently, in parallel, and the files are identical for a given seed. Scales keep activations in a
+//! sane range through a random deep network (no overflow, no subnormals), which is all a benchmark or a
+//! fast-versus-reference test needs.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde_json::{Map, Value, json};
+
+use crate::config::{LayerKind, Qwen35Config};
+use crate::error::EngineError;
+use crate::lora::TARGETS;
+
+/// How values of one tensor are drawn.
+#[derive(Debug, Clone, Copy)]
+enum Init {
+    /// Uniform on `[-a, a]`.
+    Uniform(f32),
+    /// Uniform on `[lo, hi]`.
+    Range(f32, f32),
+    /// `ln(u)` with `u` uniform on `[lo, hi]` (for `A_log`).
+    LogRange(f32, f32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DType {
+    Bf16,
+    F32,
+}
+
+#[derive(Debug, Clone)]
+struct Spec {
+    name: String,
+    shape: Vec<usize>,
+    dtype: DType,
+    init: Init,
+}
+
+impl Spec {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    fn bytes(&self) -> usize {
+        self.numel() * if self.dtype == DType::Bf16 { 2 } else { 4 }
+    }
+}
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    /// Decoder shape.
+    pub config: Qwen35Config,
+    /// Seed of every value.
+    pub seed: u64,
+    /// Number of safetensors shards for `base/` (an index is written when more than one).
+    pub shards: usize,
+    /// Also write `kev/` with a random LoRA adapter.
+    pub adapter: bool,
+    /// Store every projection in F32 with full mantissas instead of BF16 (tests the f32 weight path).
+    pub f32_weights: bool,
+}
+
+/// What was written.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SynthReport {
+    /// The base directory.
+    pub base: PathBuf,
+    /// The adapter directory, if written.
+    pub kev: Option<PathBuf>,
+    /// Tensors in `base/`.
+    pub tensors: usize,
+    /// Bytes of tensor data in `base/`.
+    pub bytes: usize,
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn name_key(seed: u64, name: &str) -> u64 {
+    name.bytes()
+        .fold(splitmix(seed), |h, b| splitmix(h ^ b as u64))
+}
+
+/// Uniform in [0, 1).
+fn unit(key: u64, i: u64) -> f32 {
+    (splitmix(key ^ i.wrapping_mul(0xd1b5_4a32_d192_ed03)) >> 40) as f32 / (1u64 << 24) as f32
+}
+
+fn value(init: Init, key: u64, i: u64) -> f32 {
+    let u = unit(key, i);
+    match init {
+        Init::Uniform(a) => (2.0 * u - 1.0) * a,
+        Init::Range(lo, hi) => lo + (hi - lo) * u,
+        Init::LogRange(lo, hi) => (lo + (hi - lo) * u).ln(),
+    }
+}
+
+/// The tensors of the base checkpoint, in file order.
+fn base_specs(cfg: &Qwen35Config, f32_weights: bool) -> Vec<Spec> {
+    let p = "model.language_model.";
+    let h = cfg.hidden_size;
+    let wd = if f32_weights { DType::F32 } else { DType::Bf16 };
+    let mat = |name: String, n: usize, k: usize| Spec {
+        name,
+        shape: vec![n, k],
+        dtype: wd,
+        init: Init::Uniform((3.0 / k as f32).sqrt()),
+    };
+    let norm1p = |name: String, n: usize| Spec {
+        name,
+        shape: vec![n],
+        dtype: DType::Bf16,
+        init: Init::Uniform(0.2),
+    };
+    let mut v = vec![Spec {
+        name: format!("{p}embed_tokens.weight"),
+        shape: vec![cfg.vocab_size, h],
+        dtype: DType::Bf16,
+        init: Init::Uniform(1.0),
+    }];
+    for (i, kind) in cfg.layer_types.iter().enumerate() {
+        let l = format!("{p}layers.{i}.");
+        v.push(norm1p(format!("{l}input_layernorm.weight"), h));
+        match kind {
+            LayerKind::Linear => {
+                let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+                v.push(Spec {
+                    name: format!("{l}linear_attn.A_log"),
+                    shape: vec![nv],
+                    dtype: DType::F32,
+                    init: Init::LogRange(1.0, 16.0),
+                });
+                v.push(Spec {
+                    name: format!("{l}linear_attn.conv1d.weight"),
+                    shape: vec![cd, 1, cfg.conv_kernel],
+                    dtype: DType::Bf16,
+                    init: Init::Uniform(0.5),
+                });
+                v.push(Spec {
+                    name: format!("{l}linear_attn.dt_bias"),
+                    shape: vec![nv],
+                    dtype: DType::Bf16,
+                    init: Init::Range(-1.0, 1.0),
+                });
+                v.push(mat(format!("{l}linear_attn.in_proj_a.weight"), nv, h));
+                v.push(mat(format!("{l}linear_attn.in_proj_b.weight"), nv, h));
+                v.push(mat(format!("{l}linear_attn.in_proj_qkv.weight"), cd, h));
+                v.push(mat(format!("{l}linear_attn.in_proj_z.weight"), vd, h));
+                v.push(Spec {
+                    name: format!("{l}linear_attn.norm.weight"),
+                    shape: vec![cfg.linear_value_head_dim],
+                    dtype: DType::F32,
+                    init: Init::Range(0.8, 1.2),
+                });
+                v.push(mat(format!("{l}linear_attn.out_proj.weight"), h, vd));
+            }
+            LayerKind::Full => {
+                let (nh, nkv, hd) = (
+                    cfg.num_attention_heads,
+                    cfg.num_key_value_heads,
+                    cfg.head_dim,
+                );
+                v.push(mat(format!("{l}self_attn.k_proj.weight"), nkv * hd, h));
+                v.push(norm1p(format!("{l}self_attn.k_norm.weight"), hd));
+                v.push(mat(format!("{l}self_attn.o_proj.weight"), h, nh * hd));
+                v.push(mat(format!("{l}self_attn.q_proj.weight"), 2 * nh * hd, h));
+                v.push(norm1p(format!("{l}self_attn.q_norm.weight"), hd));
+                v.push(mat(format!("{l}self_attn.v_proj.weight"), nkv * hd, h));
+            }
+        }
+        let im = cfg.intermediate_size;
+        v.push(mat(format!("{l}mlp.down_proj.weight"), h, im));
+        v.push(mat(format!("{l}mlp.gate_proj.weight"), im, h));
+        v.push(mat(format!("{l}mlp.up_proj.weight"), im, h));
+        v.push(norm1p(format!("{l}post_attention_layernorm.weight"), h));
+    }
+    v.push(norm1p(format!("{p}norm.weight"), h));
+    // A token MTP head, as published checkpoints carry one; loaders must skip it.
+    v.push(Spec {
+        name: "mtp.fc.weight".into(),
+        shape: vec![h, 2 * h],
+        dtype: DType::Bf16,
+        init: Init::Uniform(0.1),
+    });
+    v
+}
+
+/// The adapter tensors (`A [r, in]`, `B [out, r]`) for every target module of every layer.
+fn adapter_specs(cfg: &Qwen35Config, r: usize) -> Vec<Spec> {
+    let h = cfg.hidden_size;
+    let mut v = Vec::new();
+    for (i, kind) in cfg.layer_types.iter().enumerate() {
+        for module in TARGETS {
+            let (n, k) = match (module, kind) {
+                ("linear_attn.in_proj_qkv", LayerKind::Linear) => (cfg.conv_dim(), h),
+                ("linear_attn.in_proj_z", LayerKind::Linear) => (cfg.value_dim(), h),
+                ("linear_attn.in_proj_b" | "linear_attn.in_proj_a", LayerKind::Linear) => {
+                    (cfg.linear_num_value_heads, h)
+                }
+                ("linear_attn.out_proj", LayerKind::Linear) => (h, cfg.value_dim()),
+                ("self_attn.q_proj", LayerKind::Full) => {
+                    (2 * cfg.num_attention_heads * cfg.head_dim, h)
+                }
+                ("self_attn.k_proj" | "self_attn.v_proj", LayerKind::Full) => {
+                    (cfg.num_key_value_heads * cfg.head_dim, h)
+                }
+                ("self_attn.o_proj", LayerKind::Full) => {
+                    (h, cfg.num_attention_heads * cfg.head_dim)
+                }
+                ("mlp.gate_proj" | "mlp.up_proj", _) => (cfg.intermediate_size, h),
+                ("mlp.down_proj", _) => (h, cfg.intermediate_size),
+                _ => continue,
+            };
+            let base = format!("base_model.model.layers.{i}.{module}");
+            v.push(Spec {
+                name: format!("{base}.lora_A.weight"),
+                shape: vec![r, k],
+                dtype: DType::F32,
+                init: Init::Uniform((3.0 / k as f32).sqrt()),
+            });
+            v.push(Spec {
+                name: format!("{base}.lora_B.weight"),
+                shape: vec![n, r],
+                dtype: DType::F32,
+                init: Init::Uniform(0.01),
+            });
+        }
+    }
+    v
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> EngineError + '_ {
+    move |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Write one safetensors file holding `specs`, generating values chunk by chunk.
+fn write_safetensors(path: &Path, specs: &[Spec], seed: u64) -> Result<usize, EngineError> {
+    let mut header = Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut off = 0usize;
+    for s in specs {
+        header.insert(
+            s.name.clone(),
+            json!({
+                "dtype": if s.dtype == DType::Bf16 { "BF16" } else { "F32" },
+                "shape": s.shape,
+                "data_offsets": [off, off + s.bytes()],
+            }),
+        );
+        off += s.bytes();
+    }
+    let mut hbytes =
+        serde_json::to_vec(&Value::Object(header)).map_err(|e| EngineError::Parse {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    while hbytes.len() % 8 != 0 {
+        hbytes.push(b' ');
+    }
+    let file = File::create(path).map_err(io_err(path))?;
+    let mut w = BufWriter::with_capacity(1 << 22, file);
+    w.write_all(&(hbytes.len() as u64).to_le_bytes())
+        .map_err(io_err(path))?;
+    w.write_all(&hbytes).map_err(io_err(path))?;
+    const CHUNK: usize = 1 << 22;
+    let mut buf: Vec<u8> = Vec::new();
+    for s in specs {
+        let key = name_key(seed, &s.name);
+        let n = s.numel();
+        let size = if s.dtype == DType::Bf16 { 2 } else { 4 };
+        let mut start = 0;
+        while start < n {
+            let len = (n - start).min(CHUNK);
+            buf.clear();
+            buf.resize(len * size, 0);
+            buf.par_chunks_mut(size * 4096)
+                .enumerate()
+                .for_each(|(c, out)| {
+                    for (j, dst) in out.chunks_exact_mut(size).enumerate() {
+                        let i = (start + c * 4096 + j) as u64;
+                        let x = value(s.init, key, i);
+                        if size == 2 {
+                            dst.copy_from_slice(&crate::kernels::bf16_bits(x).to_le_bytes());
+                        } else {
+                            dst.copy_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                });
+            w.write_all(&buf).map_err(io_err(path))?;
+            start += len;
+        }
+    }
+    w.flush().map_err(io_err(path))?;
+    Ok(off)
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), EngineError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| EngineError::Parse {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    std::fs::write(path, text + "\n").map_err(io_err(path))
+}
+
+/// Write `out/base` (and `out/kev` when asked).
+pub fn write_release(out: &Path, opts: &SynthOptions) -> Result<SynthReport, EngineError> {
+    let base = out.join("base");
+    std::fs::create_dir_all(&base).map_err(io_err(&base))?;
+    write_json(&base.join("config.json"), &opts.config.to_composite_json())?;
+    let specs = base_specs(&opts.config, opts.f32_weights);
+    let total: usize = specs.iter().map(Spec::bytes).sum();
+    let shards = opts.shards.max(1);
+    // Cut in file order at equal byte shares.
+    let mut groups: Vec<Vec<Spec>> = vec![Vec::new(); shards];
+    let mut acc = 0usize;
+    for s in &specs {
+        let g = ((acc as u128 * shards as u128) / total.max(1) as u128) as usize;
+        groups[g.min(shards - 1)].push(s.clone());
+        acc += s.bytes();
+    }
+    groups.retain(|g| !g.is_empty());
+    let n = groups.len();
+    let mut weight_map = Map::new();
+    for (i, g) in groups.iter().enumerate() {
+        let fname = if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model.safetensors-{:05}-of-{n:05}.safetensors", i + 1)
+        };
+        write_safetensors(&base.join(&fname), g, opts.seed)?;
+        for s in g {
+            weight_map.insert(s.name.clone(), Value::String(fname.clone()));
+        }
+    }
+    if n > 1 {
+        write_json(
+            &base.join("model.safetensors.index.json"),
+            &json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
+        )?;
+    }
+    let kev = if opts.adapter {
+        let dir = out.join("kev");
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let r = 16;
+        write_json(
+            &dir.join("adapter_config.json"),
+            &json!({
+                "peft_type": "LORA",
+                "base_model_name_or_path": "Qwen/Qwen3.5-4B-Base",
+                "r": r,
+                "lora_alpha": 32,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "fan_in_fan_out": false,
+                "use_rslora": false,
+                "use_dora": false,
+                "task_type": null,
+                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                    "down_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"]
+            }),
+        )?;
+        write_safetensors(
+            &dir.join("adapter_model.safetensors"),
+            &adapter_specs(&opts.config, r),
+            opts.seed ^ 0x5eed,
+        )?;
+        Some(dir)
+    } else {
+        None
+    };
+    Ok(SynthReport {
+        base,
+        kev,
+        tensors: specs.len(),
+        bytes: total,
+    })
+}
+
+/// A small decoder for tests and demos: the fixture release's widths (hidden 16, 8 layers 3:1) with a
+/// vocabulary of `vocab` rows.
+pub fn tiny_config(vocab: usize) -> Qwen35Config {
+    Qwen35Config {
+        vocab_size: vocab,
+        hidden_size: 16,
+        intermediate_size: 64,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 32,
+        linear_num_key_heads: 2,
+        linear_num_value_heads: 4,
+        linear_key_head_dim: 16,
+        linear_value_head_dim: 24,
+        conv_kernel: 4,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e7,
+        rotary_dim: 8,
+        layer_types: (0..8)
+            .map(|i| {
+                if i % 4 == 3 {
+                    LayerKind::Full
+                } else {
+                    LayerKind::Linear
+                }
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,165 @@
+//! The backbone against the reference's stored hidden states (fixtures written by tools/reference with HF
+//! transformers + PEFT in float32): every fixture row with hidden states, `exact` weights (LoRA unmerged).
+
+use std::path::{Path, PathBuf};
+
+use kev_engine::{Arm, Backbone, LoadOptions};
+use kev_release::shards::TensorStore;
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+struct Row {
+    name: String,
+    ids: Vec<u32>,
+    /// Tokens of the shared state prefix (`state_ids`), the start of every question row.
+    state_len: usize,
+    wanted: Vec<usize>,
+    hidden: Vec<f32>,
+}
+
+fn rows() -> Vec<Row> {
+    let fx = fixtures();
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(fx.join("expected/valid"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let Some(hidden) = v["hidden"].as_str() else {
+            continue;
+        };
+        let store = TensorStore::open_files(&fx, &[fx.join(hidden)]).unwrap();
+        let state_len = v["state_ids"].as_array().unwrap().len();
+        for (qi, q) in v["questions"].as_array().unwrap().iter().enumerate() {
+            let ids: Vec<u32> = q["row_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let mut wanted: Vec<usize> = q["option_ends"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect();
+            wanted.push(q["decide"].as_u64().unwrap() as usize);
+            let t = store.get(&qi.to_string()).unwrap();
+            let hidden: Vec<f32> = t
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            out.push(Row {
+                name: format!("{}#{qi}", path.file_stem().unwrap().to_string_lossy()),
+                ids,
+                state_len,
+                wanted,
+                hidden,
+            });
+        }
+    }
+    out
+}
+
+fn rel_err(a: &[f32], b: &[f32], h: usize) -> f32 {
+    a.chunks(h)
+        .zip(b.chunks(h))
+        .map(|(x, y)| {
+            let m = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+            x.iter().zip(y).fold(0f32, |e, (p, q)| e.max((p - q).abs())) / m
+        })
+        .fold(0f32, f32::max)
+}
+
+fn exact_model() -> Backbone {
+    let fx = fixtures();
+    Backbone::load(
+        &fx.join("release/base"),
+        &LoadOptions {
+            adapter: Some(fx.join("release/kev")),
+            kernels: None,
+            merge_adapter: false,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn exact_fp32_matches_reference_hidden_states() {
+    let m = exact_model();
+    let h = m.config().hidden_size;
+    let rows = rows();
+    assert!(!rows.is_empty(), "no fixture rows with hidden states");
+    let mut worst = (0f32, String::new());
+    let mut worst_bf16 = (0f32, String::new());
+    for r in &rows {
+        let mut s = m.new_state();
+        let got = m.forward(Arm::Fp32, &mut s, &r.ids, &r.wanted).unwrap();
+        let e = rel_err(&got, &r.hidden, h);
+        if e > worst.0 {
+            worst = (e, r.name.clone());
+        }
+        let mut s = m.new_state();
+        let got = m.forward(Arm::Bf16, &mut s, &r.ids, &r.wanted).unwrap();
+        let e = rel_err(&got, &r.hidden, h);
+        if e > worst_bf16.0 {
+            worst_bf16 = (e, r.name.clone());
+        }
+    }
+    eprintln!(
+        "{} rows; fp32 worst {:.2e} ({}); bf16 worst {:.2e} ({})",
+        rows.len(),
+        worst.0,
+        worst.1,
+        worst_bf16.0,
+        worst_bf16.1
+    );
+    assert!(
+        worst.0 <= 1e-4,
+        "fp32 worst relative error {} at {}",
+        worst.0,
+        worst.1
+    );
+}
+
+/// Every question row as state prefix + branch (the engine's real use): the branch continues from the
+/// prefix's state. Bit-equal to the one-pass row when the prefix is a multiple of 64 tokens; otherwise
+/// within f32 rounding, and still within the reference bar.
+#[test]
+fn state_prefix_then_branch_matches_one_pass_and_reference() {
+    let m = exact_model();
+    let h = m.config().hidden_size;
+    let mut worst_split = (0f32, String::new());
+    let mut worst_ref = 0f32;
+    for r in &rows() {
+        let mut one = m.new_state();
+        let want = m.forward(Arm::Fp32, &mut one, &r.ids, &r.wanted).unwrap();
+        let mut s = m.new_state();
+        m.forward(Arm::Fp32, &mut s, &r.ids[..r.state_len], &[])
+            .unwrap();
+        let branch_wanted: Vec<usize> = r.wanted.iter().map(|w| w - r.state_len).collect();
+        let got = m
+            .forward(Arm::Fp32, &mut s, &r.ids[r.state_len..], &branch_wanted)
+            .unwrap();
+        if r.state_len % 64 == 0 {
+            assert!(got == want, "{}: aligned split not bit-equal", r.name);
+        }
+        let e = rel_err(&got, &want, h);
+        if e > worst_split.0 {
+            worst_split = (e, r.name.clone());
+        }
+        worst_ref = worst_ref.max(rel_err(&got, &r.hidden, h));
+    }
+    eprintln!(
+        "prefix+branch vs one pass: worst {:.2e} ({}); vs reference: worst {worst_ref:.2e}",
+        worst_split.0, worst_split.1
+    );
+    assert!(worst_split.0 <= 1e-4, "{worst_split:?}");
+    assert!(worst_ref <= 1e-4, "{worst_ref}");
+}
