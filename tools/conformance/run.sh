@@ -4,6 +4,9 @@
 # Reports are kept under $KEV_CI_OUT (default target/ci).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ -z "${KEV_BIN:-}" ]; then
+  cargo build --locked -p kev
+fi
 KEV=${KEV_BIN:-target/debug/kev}
 OUT=${KEV_CI_OUT:-target/ci}
 VENV=${KEV_CONFORMANCE_VENV:-target/conformance-venv}

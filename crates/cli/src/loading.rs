@@ -86,7 +86,9 @@ impl ModelArgs {
                 base: base.clone(),
                 kev: kev.clone(),
             },
-            _ => anyhow::bail!("name a model: --model DIR (prepared), or --base DIR --kev DIR (release)"),
+            _ => anyhow::bail!(
+                "name a model: --model DIR (prepared), or --base DIR --kev DIR (release)"
+            ),
         };
         Ok(LoadSpec {
             source,
@@ -118,7 +120,10 @@ pub fn demo_release() -> anyhow::Result<(PathBuf, PathBuf)> {
     let root = std::env::var_os("KEV_DEMO_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/release"))
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../fixtures/release"
+            ))
         });
     let (base, kev) = (root.join("base"), root.join("kev"));
     if !base.join("config.json").is_file() || !kev.join("head.pt").is_file() {

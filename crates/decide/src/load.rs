@@ -176,15 +176,10 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
                     .into(),
             ));
         }
-        (Source::Release { .. }, WeightForm::Merged) => {
-            return Err(LoadError::Unsupported(
-                "merging a release at load is not built yet: run `kev prepare`, then pass --model"
-                    .into(),
-            ));
-        }
-        (Source::Release { base, kev }, WeightForm::Exact) => {
+        (Source::Release { base, kev }, form) => {
             let opts = LoadOptions {
                 adapter: Some(kev.clone()),
+                merge_adapter: form == WeightForm::Merged,
                 ..LoadOptions::default()
             };
             let backbone = Backbone::load(base, &opts)?;

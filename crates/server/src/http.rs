@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 use tower::ServiceBuilder;
 use tower_http::cors::CorsLayer;
 use tower_http::decompression::RequestDecompressionLayer;
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
@@ -40,7 +39,6 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
             key: Arc::from(key.into_bytes()),
         }));
     }
-    let max_body = app.config.max_body;
     let timeout = app.config.request_timeout;
     Router::new()
         .merge(v1)
@@ -64,8 +62,8 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
                     StatusCode::REQUEST_TIMEOUT,
                     timeout,
                 ))
-                .layer(RequestDecompressionLayer::new().zstd(true).gzip(true))
-                .layer(RequestBodyLimitLayer::new(max_body)),
+                // The size limit applies to the decompressed body, in `read_body`.
+                .layer(RequestDecompressionLayer::new().zstd(true).gzip(true)),
         )
         .with_state(app)
 }
@@ -170,9 +168,7 @@ async fn decide<D: Decider>(
             "Kev is text-only: multipart bodies (image assets) are not supported; send the request as application/json",
         ));
     }
-    let bytes = axum::body::to_bytes(body, app.config.max_body)
-        .await
-        .map_err(|e| body_error(&e, app.config.max_body))?;
+    let bytes = read_body(body, app.config.max_body).await?;
     let decider = Arc::clone(&app.decider);
     let admission = tokio::task::spawn_blocking(move || decider.admit(&bytes))
         .await
@@ -202,19 +198,41 @@ async fn decide<D: Decider>(
     Ok(json_response(StatusCode::OK, &body))
 }
 
-fn body_error(err: &axum::Error, limit: usize) -> ApiError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if e.is::<http_body_util::LengthLimitError>() {
-            return ApiError::too_large(limit);
+/// Past the limit, read (and drop) this much more before answering 413, so a client still sending its
+/// body gets the 413 instead of a connection reset.
+const LINGER_BYTES: usize = 16 << 20;
+
+/// The (decompressed) body, or 413 once it is over `limit`.
+async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ApiError::typed(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("could not read the request body: {e}"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if seen > limit {
+            buf = Vec::new();
+            if seen > limit + LINGER_BYTES {
+                break;
+            }
+        } else {
+            buf.extend_from_slice(&data);
         }
-        source = e.source();
     }
-    ApiError::typed(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        format!("could not read the request body: {err}"),
-    )
+    if seen > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(buf.into())
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
