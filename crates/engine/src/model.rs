@@ -235,7 +235,7 @@ impl Backbone {
         let adapter = opts
             .adapter
             .as_deref()
-            .map(LoraAdapter::from_dir)
+            .map(|dir| LoraAdapter::from_release(dir, &store))
             .transpose()?;
         let kern = opts.kernels.unwrap_or_else(Kernels::detect);
         Self::from_store(cfg, &store, adapter, opts.merge_adapter, kern)
