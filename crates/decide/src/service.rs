@@ -323,28 +323,14 @@ where
             .iter()
             .map(|ids| (*ids, self.split(ids.len())))
             .collect();
-        for pass in passes(
+        self.forward_in_passes(
             prefix_rows.iter().map(|(_, a)| *a),
-            self.settings.pass_tokens,
-        ) {
-            let mut states: Vec<B::State> = pass.iter().map(|_| self.backend.new_state()).collect();
-            let result = {
-                let mut rows: Vec<BatchRow<'_, B::State>> = states
-                    .iter_mut()
-                    .zip(&pass)
-                    .map(|(state, &i)| BatchRow {
-                        state,
-                        tokens: &prefix_rows[i].0[..prefix_rows[i].1],
-                        wanted: &[],
-                    })
-                    .collect();
-                self.count_pass(rows.len());
-                self.backend.forward(&mut rows)
-            };
-            match result {
-                Ok(_) => {
-                    for (state, &i) in states.into_iter().zip(&pass) {
-                        let (ids, aligned) = prefix_rows[i];
+            |_| self.backend.new_state(),
+            |i| (&prefix_rows[i].0[..prefix_rows[i].1], &[][..]),
+            |i, result| {
+                let (ids, aligned) = prefix_rows[i];
+                match result {
+                    Ok((state, _)) => {
                         let snap = Snapshot { state, aligned };
                         if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
                             let bytes = snap.state.state_bytes();
@@ -354,16 +340,14 @@ where
                             snapshots[j] = Some(snap.clone());
                         }
                     }
-                }
-                Err(e) => {
-                    for &i in &pass {
-                        for &j in &missing[prefix_rows[i].0] {
-                            failed[j] = Some(e.to_string());
+                    Err(msg) => {
+                        for &j in &missing[ids] {
+                            failed[j] = Some(msg.clone());
                         }
                     }
                 }
-            }
-        }
+            },
+        );
 
         // 2. Branches: (job, question, tokens, wanted) packed into passes.
         struct BranchRow {
@@ -395,45 +379,21 @@ where
             }
         }
         let mut hidden: Vec<Option<Vec<f32>>> = vec![None; branch_rows.len()];
-        for pass in passes(
+        self.forward_in_passes(
             branch_rows.iter().map(|r| r.tokens.len()),
-            self.settings.pass_tokens,
-        ) {
-            let mut states: Vec<B::State> = pass
-                .iter()
-                .map(|&i| {
-                    snapshots[branch_rows[i].job]
-                        .as_ref()
-                        .map(|s| s.state.clone())
-                        .unwrap_or_else(|| self.backend.new_state())
-                })
-                .collect();
-            let result = {
-                let mut rows: Vec<BatchRow<'_, B::State>> = states
-                    .iter_mut()
-                    .zip(&pass)
-                    .map(|(state, &i)| BatchRow {
-                        state,
-                        tokens: &branch_rows[i].tokens,
-                        wanted: &branch_rows[i].wanted,
-                    })
-                    .collect();
-                self.count_pass(rows.len());
-                self.backend.forward(&mut rows)
-            };
-            match result {
-                Ok(out) => {
-                    for (h, &i) in out.into_iter().zip(&pass) {
-                        hidden[i] = Some(h);
-                    }
-                }
-                Err(e) => {
-                    for &i in &pass {
-                        failed[branch_rows[i].job] = Some(e.to_string());
-                    }
-                }
-            }
-        }
+            |i| {
+                snapshots[branch_rows[i].job]
+                    .as_ref()
+                    .map(|s| s.state.clone())
+                    .unwrap_or_else(|| self.backend.new_state())
+            },
+            |i| (&branch_rows[i].tokens[..], &branch_rows[i].wanted[..]),
+            |i, result| match result {
+                // The branch's own state is dropped here: only its readout rows are kept.
+                Ok((_, h)) => hidden[i] = Some(h),
+                Err(msg) => failed[branch_rows[i].job] = Some(msg),
+            },
+        );
 
         // 3. Head: per job, per question, in order.
         let mut out: Vec<Result<Vec<Vec<f32>>, DecideError>> = (0..jobs.len())
@@ -451,6 +411,51 @@ where
             }
         }
         Ok(out)
+    }
+
+    /// Run rows (given by their token counts) in passes of at most `pass_tokens` tokens: `state(i)` makes
+    /// row `i`'s starting state when its pass begins (so only one pass's states are alive at a time),
+    /// `input(i)` gives its tokens and wanted indices, and `done(i, …)` receives its final state and hidden
+    /// rows, or the pass's error.
+    fn forward_in_passes<'a>(
+        &self,
+        lens: impl Iterator<Item = usize>,
+        state: impl Fn(usize) -> B::State,
+        input: impl Fn(usize) -> (&'a [u32], &'a [usize]),
+        mut done: impl FnMut(usize, Result<(B::State, Vec<f32>), String>),
+    ) {
+        for pass in passes(lens, self.settings.pass_tokens) {
+            let mut states: Vec<B::State> = pass.iter().map(|&i| state(i)).collect();
+            let result = {
+                let mut rows: Vec<BatchRow<'_, B::State>> = states
+                    .iter_mut()
+                    .zip(&pass)
+                    .map(|(state, &i)| {
+                        let (tokens, wanted) = input(i);
+                        BatchRow {
+                            state,
+                            tokens,
+                            wanted,
+                        }
+                    })
+                    .collect();
+                self.count_pass(rows.len());
+                self.backend.forward(&mut rows)
+            };
+            match result {
+                Ok(hidden) => {
+                    for ((st, h), &i) in states.into_iter().zip(hidden).zip(&pass) {
+                        done(i, Ok((st, h)));
+                    }
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    for &i in &pass {
+                        done(i, Err(msg.clone()));
+                    }
+                }
+            }
+        }
     }
 
     fn count_pass(&self, rows: usize) {
