@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Conformance of `kev serve --demo` on loopback: the jevcompat 0.1.1 suite with auth off and with a key
-# (every MUST and every SHOULD must pass), and the official typesafe-sdk 0.7.5 round trip with zstd.
+# (every MUST and every SHOULD must pass), the official typesafe-sdk 0.7.5 round trip with zstd, and an
+# overload check (4× the queue capacity at once: only 200/429/529, every 200 correct, still ready).
 # Reports are kept under $KEV_CI_OUT (default target/ci).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,4 +50,9 @@ JEVCOMPAT_KEY=ci-secret-key "$VENV/bin/jevcompat" test "http://127.0.0.1:$key_po
 tail -n 3 "$OUT/jevcompat-key.txt"
 "$VENV/bin/python" tools/conformance/check_report.py "$OUT/jevcompat-key.json" --expect-auth
 "$VENV/bin/python" tools/conformance/sdk_roundtrip.py "http://127.0.0.1:$key_port" ci-secret-key
-echo "conformance: jevcompat (open and keyed) and the SDK round trip passed"
+# Overload: 4× the queue capacity at once against the real engine (the demo model), with a short queue
+# deadline so both 429 (queue full) and 529 (waited too long) occur.
+load_port=$(free_port)
+start "$load_port" KEV_QUEUE_DEPTH=4 KEV_QUEUE_DEADLINE_MS=150
+python3 tools/conformance/overload.py "http://127.0.0.1:$load_port" 4
+echo "conformance: jevcompat (open and keyed), the SDK round trip and the overload check passed"
