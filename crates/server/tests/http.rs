@@ -533,3 +533,50 @@ fn metrics_and_openapi() {
     let doc = json_of(resp);
     assert!(doc["paths"]["/v1/systemone"]["post"].is_object());
 }
+
+#[test]
+fn a_request_whose_client_left_is_dropped_before_it_runs() {
+    use std::io::{Read, Write as _};
+    let stub = Arc::new(Stub {
+        delay: Duration::from_millis(400),
+        ..Stub::default()
+    });
+    let r = start_arc(ServerConfig::default(), Arc::clone(&stub));
+    wait_ready(&r);
+    // A occupies the engine.
+    let url = r.url("/v1/systemone");
+    let a = std::thread::spawn(move || {
+        send(
+            agent().post(&url).set("content-type", "application/json"),
+            BODY.as_bytes(),
+        )
+        .0
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // B is sent, queued behind A, and its client hangs up while it waits.
+    let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+    let req = format!(
+        "POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        BODY.len(),
+        BODY
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(s);
+    assert_eq!(a.join().unwrap(), 200);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        stub.runs.load(Ordering::SeqCst),
+        1,
+        "the abandoned request ran"
+    );
+    let mut m = String::new();
+    std::net::TcpStream::connect(r.addr)
+        .and_then(|mut c| {
+            c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")?;
+            c.read_to_string(&mut m)
+        })
+        .unwrap();
+    assert!(m.contains("kev_queue_abandoned_total 1"), "{m}");
+}
