@@ -16,10 +16,12 @@ figure. Output JSON:
      "peak_rss_bytes", "versions", "torch", "requests": [{"index", "questions", "row_tokens": [...], "input_tokens",
      "median_s", "min_s", "max_s", "samples_s", "tokenize_median_s", "probabilities": [[...] per question]}]}
 
-`probabilities` (last timed run) let the caller check both engines answered the same questions. A bare synthetic
-release (`kev synth`: no tokenizer files, no `head.pt`) is timed with the repository's Kev tokenizer
-(`--tokenizer-from`) and a seeded random head of the real shape; `"tokenizer"` and `"head"` in the answer say so
-(its probabilities then mean nothing; its time is the same).
+`probabilities` (last timed run) let the caller check both engines answered the same questions. The head comes
+from `head.pt`, else from the prepared form `kev synth` writes into `kev/` (`head.safetensors` + `kev_head.json`,
+the very tensors `kev bench decide` loads), else (an adapter-only release) from a seeded random head of the real
+shape; a release without `tokenizer.json` is tokenized with the repository's Kev tokenizer (`--tokenizer-from`).
+`"tokenizer"` and `"head"` in the answer say which (with a random head the probabilities mean nothing; the time is
+the same).
 """
 
 from __future__ import annotations
@@ -52,6 +54,17 @@ def random_head(base: Path):
     g = torch.Generator().manual_seed(0)
     w = lambda *shape: torch.randn(*shape, generator=g) * d**-0.5  # noqa: E731
     return A.Head(w(256, d), w(256), w(256, d), w(256), 1.0, 256, {})
+
+
+def prepared_head(kev: Path):
+    """The head `kev synth` writes (`head.safetensors` + `kev_head.json`), as the reference's `Head`."""
+    import head_pt
+    from kevref import arms as A
+
+    head, doc = head_pt.load_prepared(kev)
+    meta = head_pt.payload(head, doc)
+    return A.Head(head["q.weight"], head["q.bias"], head["k.weight"], head["k.bias"], float(meta["temperature"]),
+                  int(meta["head_dim"]), {k: v for k, v in meta.items() if k != "head"})
 
 
 def main() -> int:
@@ -98,6 +111,8 @@ def main() -> int:
     tok = C.KevTokenizer(tokenizer)
     if (args.kev / "head.pt").is_file():
         head, head_from = A.Head.load(args.kev / "head.pt"), str(args.kev / "head.pt")
+    elif (args.kev / "kev_head.json").is_file():
+        head, head_from = prepared_head(args.kev), str(args.kev / "head.safetensors")
     else:
         head, head_from = random_head(args.base), "random (no head.pt)"
         B.log(f"{args.kev} has no head.pt: timing with a random pointer head (its cost is the same)")

@@ -8,6 +8,11 @@
 //! (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
 //! and the engine matches their float32 hidden states (checked by hand with transformers 5.23.0).
 //!
+//! [`write_decision_files`] adds what a decision needs on top of the adapter: a `tokenizer.json` (copied: the
+//! real Kev vocabulary) and a random pointer head in the prepared form (`head.safetensors` + `kev_head.json`,
+//! the layout `kev_release::head::PreparedHead::read` loads). `head.pt` is a torch pickle and is not written
+//! here (`tools/bench/head_pt.py` writes one from these tensors where a torch-side consumer needs it).
+//!
 //! Values come from a counter-based generator (one hash per element index), so any chunk can be made
 //! independently, in parallel, and the files are identical for a given seed. Scales keep activations in a
 //! sane range through a random deep network (no overflow, no subnormals), which is all a benchmark or a
@@ -19,6 +24,8 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde_json::{Map, Value, json};
+
+use kev_release::head::{Delimiters, HeadMeta, HeadProvenance, KevHead, Linear};
 
 use crate::config::{LayerKind, Qwen35Config};
 use crate::error::EngineError;
@@ -359,32 +366,7 @@ pub fn write_release(out: &Path, opts: &SynthOptions) -> Result<SynthReport, Eng
         )?;
     }
     let kev = if opts.adapter {
-        let dir = out.join("kev");
-        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-        let r = 16;
-        write_json(
-            &dir.join("adapter_config.json"),
-            &json!({
-                "peft_type": "LORA",
-                "base_model_name_or_path": "Qwen/Qwen3.5-4B-Base",
-                "r": r,
-                "lora_alpha": 32,
-                "lora_dropout": 0.0,
-                "bias": "none",
-                "fan_in_fan_out": false,
-                "use_rslora": false,
-                "use_dora": false,
-                "task_type": null,
-                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                    "down_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"]
-            }),
-        )?;
-        write_safetensors(
-            &dir.join("adapter_model.safetensors"),
-            &adapter_specs(&opts.config, r),
-            opts.seed ^ 0x5eed,
-        )?;
-        Some(dir)
+        Some(write_adapter(&out.join("kev"), &opts.config, opts.seed)?)
     } else {
         None
     };
@@ -393,6 +375,135 @@ pub fn write_release(out: &Path, opts: &SynthOptions) -> Result<SynthReport, Eng
         kev,
         tensors: specs.len(),
         bytes: total,
+    })
+}
+
+/// Write `dir/adapter_config.json` + `dir/adapter_model.safetensors`: the random rank-16 LoRA over the 12
+/// target modules that [`write_release`] puts in `kev/` (the same bytes for the same seed). Returns `dir`.
+pub fn write_adapter(dir: &Path, cfg: &Qwen35Config, seed: u64) -> Result<PathBuf, EngineError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let r = 16;
+    write_json(
+        &dir.join("adapter_config.json"),
+        &json!({
+            "peft_type": "LORA",
+            "base_model_name_or_path": "Qwen/Qwen3.5-4B-Base",
+            "r": r,
+            "lora_alpha": 32,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": false,
+            "use_rslora": false,
+            "use_dora": false,
+            "task_type": null,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                "down_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"]
+        }),
+    )?;
+    write_safetensors(
+        &dir.join("adapter_model.safetensors"),
+        &adapter_specs(cfg, r),
+        seed ^ 0x5eed,
+    )?;
+    Ok(dir.to_path_buf())
+}
+
+/// Width of Kev-4B's pointer head (`q`, `k`: hidden → 256).
+pub const HEAD_DIM: usize = 256;
+/// Kev-4B's fitted softmax temperature (peers-notes §1), given to synthetic heads so their probabilities
+/// are about as peaked as the real model's.
+pub const KEV_4B_TEMPERATURE: f64 = 2.41;
+/// The base revision Kev 1.0 was trained on (release-pins), recorded in a synthetic head's metadata.
+const BASE_REVISION: &str = "1001bb4d826a52d1f399e183466143f4da7b741b";
+/// Keeps the head's values independent of the adapter's and the backbone's for the same seed.
+const HEAD_SALT: u64 = 0x4ead;
+
+/// A random pointer head in fp32 with Kev's metadata key set: weights uniform with unit output variance for
+/// unit-variance inputs (like the projections), biases uniform on ±0.1.
+pub fn random_head(hidden: usize, head_dim: usize, temperature: f64, seed: u64) -> KevHead {
+    let seed = seed ^ HEAD_SALT;
+    let draw = |name: &str, n: usize, init: Init| -> Vec<f32> {
+        let key = name_key(seed, name);
+        (0..n as u64).map(|i| value(init, key, i)).collect()
+    };
+    let w = Init::Uniform((3.0 / hidden.max(1) as f32).sqrt());
+    let b = Init::Uniform(0.1);
+    let linear = |p: &str| Linear {
+        out_features: head_dim,
+        in_features: hidden,
+        weight: draw(&format!("{p}.weight"), head_dim * hidden, w),
+        bias: draw(&format!("{p}.bias"), head_dim, b),
+    };
+    KevHead {
+        meta: HeadMeta {
+            base: "Qwen/Qwen3.5-4B-Base".into(),
+            base_revision: BASE_REVISION.into(),
+            lora: json!(16),
+            head_dim,
+            option_isolation: json!(false),
+            special_embeddings: json!(false),
+            weights_dtype: json!("bfloat16"),
+            temperature,
+            lora_placement: json!("all"),
+        },
+        q: linear("q"),
+        k: linear("k"),
+    }
+}
+
+/// What [`write_decision_files`] wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DecisionFiles {
+    /// The copied `tokenizer.json`.
+    pub tokenizer: PathBuf,
+    /// `head.safetensors` (fp32 `q.weight`, `q.bias`, `k.weight`, `k.bias`).
+    pub head: PathBuf,
+    /// `kev_head.json` (metadata, delimiter ids, temperature, scale).
+    pub head_json: PathBuf,
+    /// Head width.
+    pub head_dim: usize,
+    /// Softmax temperature.
+    pub temperature: f64,
+}
+
+/// Make `dir` (a Kev release directory, usually next to the adapter) loadable for decisions: copy
+/// `tokenizer` (and a `tokenizer_config.json` beside it, when there is one) and write a random head for a
+/// decoder of `cfg`'s width in the prepared form. The delimiter ids are read from the tokenizer, so the head's
+/// metadata agrees with the file it ships with.
+pub fn write_decision_files(
+    dir: &Path,
+    tokenizer: &Path,
+    cfg: &Qwen35Config,
+    seed: u64,
+) -> Result<DecisionFiles, EngineError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let tok_out = dir.join("tokenizer.json");
+    std::fs::copy(tokenizer, &tok_out).map_err(io_err(tokenizer))?;
+    if let Some(side) = tokenizer.parent().map(|p| p.join("tokenizer_config.json"))
+        && side.is_file()
+    {
+        std::fs::copy(&side, dir.join("tokenizer_config.json")).map_err(io_err(&side))?;
+    }
+    let head_err = |e: kev_release::head::HeadError| EngineError::Parse {
+        path: dir.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let delimiters = Delimiters::from_tokenizer_json(&tok_out).map_err(head_err)?;
+    let head = random_head(cfg.hidden_size, HEAD_DIM, KEV_4B_TEMPERATURE, seed);
+    let provenance = HeadProvenance {
+        source: format!("kev synth (random head, seed {seed})"),
+        revision: None,
+        // No head.pt exists for a synthetic head.
+        head_pt_sha256: String::new(),
+    };
+    head.write_prepared(dir, &delimiters, &provenance)
+        .map_err(head_err)?;
+    Ok(DecisionFiles {
+        tokenizer: tok_out,
+        head: dir.join(kev_release::head::HEAD_SAFETENSORS),
+        head_json: dir.join(kev_release::head::HEAD_JSON),
+        head_dim: HEAD_DIM,
+        temperature: KEV_4B_TEMPERATURE,
     })
 }
 
@@ -423,5 +534,44 @@ pub fn tiny_config(vocab: usize) -> Qwen35Config {
                 }
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_tokenizer() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/kev/tokenizer.json")
+    }
+
+    #[test]
+    fn decision_files_round_trip_through_the_prepared_head_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = tiny_config(248_320);
+        let files = write_decision_files(dir.path(), &fixture_tokenizer(), &cfg, 3).unwrap();
+        assert!(files.tokenizer.is_file() && dir.path().join("tokenizer_config.json").is_file());
+        let read = kev_release::head::PreparedHead::read(dir.path()).unwrap();
+        assert_eq!(read.head, random_head(16, HEAD_DIM, KEV_4B_TEMPERATURE, 3));
+        assert_eq!(read.head.hidden_size(), 16);
+        assert_eq!(read.scale, 1.0 / 16.0);
+        // The delimiter ids come from the copied tokenizer (kev-contract §1).
+        assert_eq!(read.delimiters.state, 248_060);
+        assert_eq!(read.delimiters.decide, 248_062);
+    }
+
+    #[test]
+    fn random_heads_are_seeded_and_scaled() {
+        let a = random_head(2560, 256, 2.0, 0);
+        assert_eq!(a, random_head(2560, 256, 2.0, 0));
+        assert_ne!(a.q.weight, random_head(2560, 256, 2.0, 1).q.weight);
+        assert_ne!(a.q.weight, a.k.weight);
+        assert_eq!(a.q.weight.len(), 256 * 2560);
+        let bound = (3.0f32 / 2560.0).sqrt();
+        assert!(a.q.weight.iter().all(|w| w.abs() <= bound));
+        // Unit output variance for unit-variance inputs: mean square ≈ 1 / hidden.
+        let ms = a.k.weight.iter().map(|w| (w * w) as f64).sum::<f64>() / a.k.weight.len() as f64;
+        assert!((ms * 2560.0 - 1.0).abs() < 0.01, "{ms}");
+        assert!(a.q.bias.iter().all(|b| b.abs() <= 0.1));
     }
 }

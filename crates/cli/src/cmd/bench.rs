@@ -1,23 +1,23 @@
-//! `kev bench <sub-benchmark>`: performance measurements, printed as a table and as JSON.
+//! `kev bench <sub-benchmark>`: performance measurements of record, printed as a table and written as JSON.
 //!
-//! - `backbone`: one row of N tokens through the backbone (no cache), per compute arm: median wall time,
-//!   achieved GFLOP/s (qwen35-arch §11 FLOP count), share of the machine's peak measured by a
-//!   micro-benchmark in the same run, peak RSS.
+//! - `backbone` ([`backbone`]): one row of N tokens through the backbone, per compute arm — median wall time,
+//!   GFLOP/s, share of the machine peak measured in the same run, peak RSS — and, in the same run on the same
+//!   weights and token ids, the peers: torch fp32, torch bf16, llama.cpp bf16, with ratios.
+//! - `decide` ([`decide`]): the Core AI port's timing cases end to end (request bytes → answers), from zero /
+//!   shared / cached, both arms, and the torch reference (the author's row form) on two of them, with ratios.
 //!
-//! Each sub-benchmark is one variant of [`Sub`] with its own flags and a `run_*` function; they share
-//! the measurement helpers at the bottom (median, RSS, machine peak).
+//! Both measure our engine first, drop the model (8.5 GB), then run the peers as subprocesses: torch fp32 on the
+//! 4B needs ~21 GB of a 24 GB machine. Timing lives here only; the unit tests below check the arithmetic.
 
-use std::path::PathBuf;
+mod backbone;
+mod decide;
+mod requests;
+
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Instant;
 
-use anyhow::Context;
-use kev_engine::kernels::peak;
-use kev_engine::{Arm, Backbone, Kernels};
 use serde::Serialize;
 
-use crate::model_args::ModelArgs;
+use super::peers::{PeerEnv, PeerError};
 
 /// Flags of `kev bench`.
 #[derive(clap::Args)]
@@ -28,230 +28,205 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Sub {
-    /// One row of N tokens through the backbone, per compute arm.
-    Backbone(BackboneArgs),
-}
-
-/// Flags of `kev bench backbone`.
-#[derive(clap::Args)]
-struct BackboneArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// Row lengths in tokens.
-    #[arg(long, value_delimiter = ',', default_values_t = [94usize, 380, 1518])]
-    lengths: Vec<usize>,
-    /// Compute arms to time (default: both; `--precision` picks one).
-    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16"])]
-    arms: Vec<String>,
-    /// Timed runs per (arm, length); the median is reported.
-    #[arg(long, default_value_t = 3)]
-    reps: usize,
-    /// Untimed runs before the timed ones.
-    #[arg(long, default_value_t = 1)]
-    warmup: usize,
-    /// Seconds per peak micro-benchmark loop.
-    #[arg(long, default_value_t = 1.0)]
-    peak_seconds: f64,
-    /// Also write the JSON report to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Seed of the token ids.
-    #[arg(long, default_value_t = 7)]
-    seed: u64,
-}
-
-#[derive(Serialize)]
-struct RowResult {
-    arm: &'static str,
-    tokens: usize,
-    median_s: f64,
-    runs_s: Vec<f64>,
-    /// CPU seconds (all threads) of each run.
-    cpu_s: Vec<f64>,
-    /// GFLOP per (CPU second / threads): the rate had the run had its cores to itself.
-    gflops_per_cpu: Option<f64>,
-    gflop: f64,
-    gflops: f64,
-    peak_share: Option<f64>,
-    peak_rss_gib: Option<f64>,
-}
-
-#[derive(Serialize)]
-struct BackboneReport {
-    model: String,
-    adapter: Option<String>,
-    /// `exact` (LoRA unmerged) or `merged`.
-    weights: &'static str,
-    isa: String,
-    threads: usize,
-    load_s: f64,
-    weight_gib: f64,
-    rss_after_load_gib: Option<f64>,
-    peak: Option<peak::Peak>,
-    rows: Vec<RowResult>,
+    /// One row of N tokens through the backbone, per compute arm, against torch and llama.cpp.
+    Backbone(backbone::BackboneArgs),
+    /// Decisions end to end on the Core AI port's timing cases, against the torch reference.
+    Decide(decide::DecideArgs),
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.sub {
-        Sub::Backbone(a) => run_backbone(a),
+        Sub::Backbone(a) => backbone::run(a),
+        Sub::Decide(a) => decide::run(a),
     }
 }
 
-fn run_backbone(a: BackboneArgs) -> anyhow::Result<ExitCode> {
-    let (dir, mut opts) = a.model.backbone_source()?;
-    let arms: Vec<Arm> = if let Some(arm) = a.model.arm() {
-        vec![arm]
-    } else if a.arms.is_empty() {
-        vec![Arm::Fp32, Arm::Bf16]
-    } else {
-        a.arms
-            .iter()
-            .map(|s| s.parse().map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<_>>()?
-    };
-    let kern = Kernels::detect();
-    opts.kernels = Some(kern);
-    let t = Instant::now();
-    let model = Arc::new(
-        Backbone::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?,
-    );
-    let load_s = t.elapsed().as_secs_f64();
-    let rss_after_load = rss_gib("VmRSS");
-    eprintln!(
-        "loaded {} in {load_s:.1} s ({:.2} GiB of weights, RSS {:.2} GiB); measuring the machine peak",
-        dir.display(),
-        model.weight_bytes() as f64 / GIB,
-        rss_after_load.unwrap_or(f64::NAN)
-    );
-    let pk = peak::measure(kern, a.peak_seconds);
-    let cfg = model.config().clone();
-    let mut rows = Vec::new();
-    for &n in &a.lengths {
-        let toks = token_ids(n, cfg.vocab_size, a.seed);
-        let gflop = cfg.prefill_flops(n) / 1e9;
-        for &arm in &arms {
-            let once = || -> anyhow::Result<(f64, f64)> {
-                let mut st = model.new_state();
-                let c0 = cpu_seconds();
-                let t = Instant::now();
-                let h = model.forward(arm, &mut st, &toks, &[n - 1])?;
-                let dt = t.elapsed().as_secs_f64();
-                let cpu = cpu_seconds() - c0;
-                anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
-                Ok((dt, cpu))
-            };
-            for _ in 0..a.warmup {
-                once()?;
+/// Which peers a bench runs (`--peers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PeerChoice {
+    torch: bool,
+    llama: bool,
+}
+
+impl PeerChoice {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        let mut c = PeerChoice {
+            torch: false,
+            llama: false,
+        };
+        for part in s.split(',').map(str::trim) {
+            match part {
+                "none" => {}
+                "torch" => c.torch = true,
+                "llama" => c.llama = true,
+                "all" => {
+                    c.torch = true;
+                    c.llama = true;
+                }
+                other => anyhow::bail!("--peers: unknown peer `{other}` (none, torch, llama, all)"),
             }
-            let timed: Vec<(f64, f64)> = (0..a.reps.max(1))
-                .map(|_| once())
-                .collect::<anyhow::Result<_>>()?;
-            let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
-            let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
-            let med = median(&runs);
-            let threads = kev_engine::kernels::threads() as f64;
-            // The rate the run would have had with its threads to itself: a guide when other processes
-            // share the cores (wall time is the figure of record).
-            // CPU time comes in 10 ms ticks: too short a run has no meaningful rate.
-            let cpu_med = median(&cpu);
-            let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
-            let gflops = gflop / med;
-            let peak_share = pk.and_then(|p| match arm {
-                Arm::Fp32 => Some(gflops / p.fp32_gflops),
-                Arm::Bf16 => p.bf16_gflops.map(|b| gflops / b),
-            });
-            eprintln!(
-                "{:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s)",
-                n,
-                arm.name(),
-                cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}"))
-            );
-            rows.push(RowResult {
-                arm: arm.name(),
-                tokens: n,
-                median_s: med,
-                runs_s: runs,
-                cpu_s: cpu,
-                gflops_per_cpu: cpu_gflops,
-                gflop,
-                gflops,
-                peak_share,
-                peak_rss_gib: rss_gib("VmHWM"),
-            });
+        }
+        Ok(c)
+    }
+
+    fn any(self) -> bool {
+        self.torch || self.llama
+    }
+}
+
+/// The peer environment, or `None` after printing why the peers cannot run at all.
+fn peer_env(threads: usize) -> Option<PeerEnv> {
+    match PeerEnv::from_env() {
+        Ok(env) => Some(env.with_threads(threads)),
+        Err(e) => {
+            eprintln!("{e}");
+            None
         }
     }
-    let report = BackboneReport {
-        model: dir.display().to_string(),
-        adapter: opts.adapter.map(|p| p.display().to_string()),
-        weights: if model.has_lora() { "exact" } else { "merged" },
-        isa: format!("{:?}", kern.isa()),
-        threads: kev_engine::kernels::threads(),
-        load_s,
-        weight_gib: model.weight_bytes() as f64 / GIB,
-        rss_after_load_gib: rss_after_load,
-        peak: pk,
-        rows,
-    };
-    print_table(&report);
-    let json = serde_json::to_string_pretty(&report)?;
-    println!("{json}");
-    if let Some(path) = &a.json {
-        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
-fn print_table(r: &BackboneReport) {
-    if let Some(p) = &r.peak {
-        println!(
-            "machine peak ({} threads): fp32 FMA {:.0} GFLOP/s, bf16 dot {}",
-            p.threads,
-            p.fp32_gflops,
-            p.bf16_gflops
-                .map_or("n/a".into(), |b| format!("{b:.0} GFLOP/s"))
-        );
+/// What a peer that gave no timing left in the report: `peer unavailable: …` or `peer failed: …`.
+#[derive(Debug, Clone, Serialize)]
+struct PeerMissing {
+    /// The bench's name for the measurement (`torch fp32`, `llama.cpp bf16`, `torch reference`).
+    what: String,
+    /// The peer script concerned.
+    peer: String,
+    unavailable: bool,
+    reason: String,
+}
+
+impl PeerMissing {
+    /// Print the error (the bench carries on without the peer) and keep it for the JSON.
+    fn note(what: &str, e: &PeerError) -> Self {
+        eprintln!("{e}");
+        PeerMissing {
+            what: what.to_string(),
+            peer: e.peer().to_string(),
+            unavailable: e.is_unavailable(),
+            reason: e.to_string(),
+        }
     }
-    println!(
-        "| arm | tokens | median s | GFLOP | GFLOP/s | share of peak | GFLOP/s per CPU-s | peak RSS GiB |"
-    );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for row in &r.rows {
+}
+
+/// Where the peers ran from, for the reports.
+#[derive(Debug, Clone, Serialize)]
+struct PeerSetup {
+    cache: String,
+    threads: usize,
+    python: Option<String>,
+}
+
+impl PeerSetup {
+    fn of(env: &PeerEnv) -> Self {
+        PeerSetup {
+            cache: env.cache_dir().display().to_string(),
+            threads: env.threads(),
+            python: std::env::var("KEV_BENCH_PYTHON").ok(),
+        }
+    }
+}
+
+/// Median, extremes and every sample of a set of timings, seconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct Summary {
+    median_s: f64,
+    min_s: f64,
+    max_s: f64,
+    samples_s: Vec<f64>,
+}
+
+impl Summary {
+    /// `None` for no samples.
+    fn of(samples: &[f64]) -> Option<Self> {
+        Some(Summary {
+            median_s: median(samples)?,
+            min_s: samples.iter().copied().fold(f64::INFINITY, f64::min),
+            max_s: samples.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            samples_s: samples.to_vec(),
+        })
+    }
+}
+
+/// The median as Python's `statistics.median` computes it (the peers' figure): the middle sample, or the mean
+/// of the two middle ones for an even count. `None` for no samples.
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    Some(if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    })
+}
+
+/// How many times faster `ours` is than `theirs` (both seconds): `theirs / ours`; `None` unless both are
+/// positive and finite.
+fn speedup(theirs: f64, ours: f64) -> Option<f64> {
+    let ok = |x: f64| x.is_finite() && x > 0.0;
+    (ok(theirs) && ok(ours)).then(|| theirs / ours)
+}
+
+/// A bar of an issue, checked against a measured value.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct Bar {
+    /// What is compared (`fp32 vs torch fp32 at 94 tokens`).
+    what: String,
+    /// The measured value (a ratio or a share).
+    value: f64,
+    /// `>=` or `<=`.
+    op: &'static str,
+    /// The bar.
+    threshold: f64,
+    met: bool,
+}
+
+impl Bar {
+    fn at_least(what: impl Into<String>, value: f64, threshold: f64) -> Self {
+        Bar {
+            what: what.into(),
+            value,
+            op: ">=",
+            threshold,
+            met: value >= threshold,
+        }
+    }
+
+    fn at_most(what: impl Into<String>, value: f64, threshold: f64) -> Self {
+        Bar {
+            what: what.into(),
+            value,
+            op: "<=",
+            threshold,
+            met: value <= threshold,
+        }
+    }
+}
+
+fn print_bars(bars: &[Bar]) {
+    if bars.is_empty() {
+        return;
+    }
+    println!();
+    println!("| bar | measured | needed | met |");
+    println!("| --- | ---: | ---: | --- |");
+    for b in bars {
         println!(
-            "| {} | {} | {:.3} | {:.0} | {:.0} | {} | {} | {} |",
-            row.arm,
-            row.tokens,
-            row.median_s,
-            row.gflop,
-            row.gflops,
-            row.peak_share
-                .map_or("n/a".into(), |s| format!("{:.0} %", 100.0 * s)),
-            row.gflops_per_cpu
-                .map_or("n/a".into(), |g| format!("{g:.0}")),
-            row.peak_rss_gib.map_or("n/a".into(), |g| format!("{g:.2}")),
+            "| {} | {:.3} | {} {:.3} | {} |",
+            b.what,
+            b.value,
+            b.op,
+            b.threshold,
+            if b.met { "yes" } else { "**no**" }
         );
     }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
-
-/// Deterministic pseudo-random token ids below `vocab`.
-fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    s[s.len() / 2]
-}
 
 /// CPU seconds used by this process so far, all threads (`/proc/self/stat`, 100 Hz ticks); 0 where the
 /// platform has no procfs.
@@ -278,4 +253,189 @@ fn rss_gib(field: &str) -> Option<f64> {
     let line = text.lines().find(|l| l.starts_with(field))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024.0 / GIB)
+}
+
+/// Reset this process's peak RSS (`VmHWM`) to its current RSS (Linux: `5` into `/proc/self/clear_refs`), so the
+/// next reading is the peak of what follows. False where that is not possible (the peak then accumulates).
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// The machine as the reports record it: CPU model, threads, load averages now.
+#[derive(Debug, Clone, Serialize)]
+struct Machine {
+    cpu: String,
+    threads: usize,
+    isa: String,
+    /// `/proc/loadavg`'s 1-, 5- and 15-minute load averages when the bench started.
+    load_at_start: Option<[f64; 3]>,
+    /// The same when it finished.
+    load_at_end: Option<[f64; 3]>,
+    /// UTC, `YYYY-MM-DD HH:MM`.
+    started_utc: String,
+}
+
+impl Machine {
+    fn now(isa: String) -> Self {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|m| m.trim().to_string())
+            })
+            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        Machine {
+            cpu,
+            threads: kev_engine::kernels::threads(),
+            isa,
+            load_at_start: load_average(),
+            load_at_end: None,
+            started_utc: utc_now(),
+        }
+    }
+
+    fn finish(&mut self) {
+        self.load_at_end = load_average();
+    }
+}
+
+fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = text.split_whitespace().map(|s| s.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+/// The wall clock in UTC as `YYYY-MM-DD HH:MM`.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    utc_string(secs)
+}
+
+/// Seconds since 1970 → `YYYY-MM-DD HH:MM` (proleptic Gregorian, Howard Hinnant's days-to-civil).
+fn utc_string(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let (hh, mm) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}")
+}
+
+/// Print the report's JSON to `path`, or to stdout after the tables when no path is given.
+fn write_json(report: &impl Serialize, path: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let json = serde_json::to_string_pretty(report)?;
+    match path {
+        Some(p) => {
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
+            eprintln!("wrote {}", p.display());
+        }
+        None => println!("\n{json}"),
+    }
+    Ok(())
+}
+
+/// `1.234` → `"1.234"`, with a precision that suits seconds from milliseconds to minutes.
+fn secs(s: f64) -> String {
+    if s >= 100.0 {
+        format!("{s:.1}")
+    } else if s >= 10.0 {
+        format!("{s:.2}")
+    } else {
+        format!("{s:.3}")
+    }
+}
+
+/// An optional ratio for a table cell.
+fn times(x: Option<f64>) -> String {
+    x.map_or("–".into(), |x| format!("{x:.2}×"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_is_pythons() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        // statistics.median([4, 1, 3, 2]) == 2.5
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[2.0, 1.0]), Some(1.5));
+    }
+
+    #[test]
+    fn summaries_keep_every_sample() {
+        let s = Summary::of(&[1.5, 0.5, 1.0]).unwrap();
+        assert_eq!(
+            s,
+            Summary {
+                median_s: 1.0,
+                min_s: 0.5,
+                max_s: 1.5,
+                samples_s: vec![1.5, 0.5, 1.0]
+            }
+        );
+        assert!(Summary::of(&[]).is_none());
+    }
+
+    #[test]
+    fn speedups_and_bars() {
+        assert_eq!(speedup(5.0, 2.0), Some(2.5));
+        assert_eq!(speedup(5.0, 0.0), None);
+        assert_eq!(speedup(f64::NAN, 1.0), None);
+        assert_eq!(speedup(-1.0, 1.0), None);
+        let b = Bar::at_least("x", 2.0, 2.0);
+        assert!(b.met && b.op == ">=");
+        assert!(!Bar::at_least("x", 1.99, 2.0).met);
+        assert!(Bar::at_most("y", 0.5, 0.5).met);
+        assert!(!Bar::at_most("y", 0.51, 0.5).met);
+    }
+
+    #[test]
+    fn peer_choices() {
+        let all = PeerChoice::parse("all").unwrap();
+        assert!(all.torch && all.llama && all.any());
+        let none = PeerChoice::parse("none").unwrap();
+        assert!(!none.any());
+        assert_eq!(
+            PeerChoice::parse("torch,llama").unwrap(),
+            PeerChoice::parse("all").unwrap()
+        );
+        let t = PeerChoice::parse("torch").unwrap();
+        assert!(t.torch && !t.llama);
+        assert!(PeerChoice::parse("vllm").is_err());
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc_string(0), "1970-01-01 00:00");
+        // 2000-02-29 12:34 UTC
+        assert_eq!(utc_string(951_827_640), "2000-02-29 12:34");
+        assert_eq!(utc_string(1_767_225_599), "2025-12-31 23:59");
+    }
+
+    #[test]
+    fn seconds_format() {
+        assert_eq!(secs(0.0123), "0.012");
+        assert_eq!(secs(12.345), "12.35");
+        assert_eq!(secs(123.45), "123.5");
+        assert_eq!(times(Some(2.0)), "2.00×");
+        assert_eq!(times(None), "–");
+    }
 }

@@ -13,10 +13,6 @@
 //! Environment: `KEV_BENCH_CACHE` (cache root, default `/work/bench-cache`), `KEV_BENCH_PYTHON` (an existing
 //! interpreter with torch, transformers, peft: skips the venv install), `KEV_BENCH_TOOLS` (the `tools/bench`
 //! directory, when the binary does not run from its source tree).
-#![allow(
-    dead_code,
-    reason = "the API of `kev bench`'s peers; its callers live in bench.rs (owned by the engine)"
-)]
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
@@ -185,7 +181,9 @@ impl PeerEnv {
         self
     }
 
-    /// Use this interpreter for the Python peers as it is, without `setup.sh torch`.
+    /// Use this interpreter for the Python peers as it is, without `setup.sh torch` (the tests' fake
+    /// interpreters; `kev bench` goes through `setup.sh`, which checks `KEV_BENCH_PYTHON`'s imports).
+    #[cfg(test)]
     pub fn with_python(self, python: impl Into<PathBuf>) -> Self {
         // A fresh OnceLock is empty, so this set cannot fail.
         let _ = self.python.set(Ok(python.into()));
@@ -443,6 +441,7 @@ pub struct BackboneRun {
 
 impl BackboneRun {
     /// The median for a row length, if it was timed.
+    #[cfg(test)]
     pub fn median_for(&self, tokens: usize) -> Option<f64> {
         self.timings
             .iter()

@@ -1,0 +1,623 @@
+//! `kev bench backbone`: one row of N tokens through the backbone (no cache), per compute arm, then the peers
+//! on the same weights and the same token ids in the same run — torch fp32, torch bf16 (transformers, one row
+//! without cache) and llama.cpp bf16 (`llama-bench -p N`) — with the ratios the bars of issue 4 are stated in.
+//!
+//! Order: load ours, measure the machine peak, time our arms, drop the model (RSS back to ~0), then run each
+//! peer as its own subprocess. The token rows are prefixes of the shared bench stream (`peers::bench_ids`), so
+//! torch times exactly our ids; llama-bench draws its own (prompt processing costs the same for any ids).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use kev_engine::kernels::peak;
+use kev_engine::{Arm, Backbone, Kernels, Qwen35Config};
+use serde::Serialize;
+
+use super::{
+    Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, cpu_seconds, median, peer_env,
+    print_bars, rss_gib, secs, speedup, times, write_json,
+};
+use crate::cmd::peers::{self, BENCH_SEED, BackboneRun, ORDINARY_VOCAB, TorchDtype};
+use crate::model_args::ModelArgs;
+
+/// Flags of `kev bench backbone`.
+#[derive(clap::Args)]
+pub(super) struct BackboneArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Row lengths in tokens.
+    #[arg(long, value_delimiter = ',', default_values_t = [94usize, 380, 1518])]
+    lengths: Vec<usize>,
+    /// Compute arms to time (default: both; `--precision` picks one).
+    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16"])]
+    arms: Vec<String>,
+    /// Timed runs per (arm, length); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Untimed runs before the timed ones.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Seconds per peak micro-benchmark loop.
+    #[arg(long, default_value_t = 1.0)]
+    peak_seconds: f64,
+    /// Peers to run after ours: `none`, `torch` (fp32 and bf16), `llama`, `all` (comma-separated).
+    #[arg(long, default_value = "all")]
+    peers: String,
+    /// Leave torch fp32 out of `torch` (it needs ~21 GB of memory for the 4B and minutes per length).
+    #[arg(long)]
+    no_torch_fp32: bool,
+    /// Timed runs per peer and length (default: --reps); each peer adds one warm-up of its own.
+    #[arg(long)]
+    peer_reps: Option<usize>,
+    /// Write the JSON report to this file (else it is printed after the tables).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seed of the token stream shared with the torch peer (`peers::bench_ids`).
+    #[arg(long, default_value_t = BENCH_SEED)]
+    seed: u64,
+}
+
+#[derive(Serialize)]
+struct RowResult {
+    arm: &'static str,
+    tokens: usize,
+    median_s: f64,
+    runs_s: Vec<f64>,
+    /// CPU seconds (all threads) of each run.
+    cpu_s: Vec<f64>,
+    /// GFLOP per (CPU second / threads): the rate had the run had its cores to itself.
+    gflops_per_cpu: Option<f64>,
+    gflop: f64,
+    gflops: f64,
+    peak_share: Option<f64>,
+    peak_rss_gib: Option<f64>,
+}
+
+/// One peer's timing of one row length, with the rates computed from our FLOP count of the same row.
+#[derive(Serialize)]
+struct PeerRow {
+    tokens: usize,
+    median_s: f64,
+    min_s: f64,
+    max_s: f64,
+    samples_s: Vec<f64>,
+    gflops: f64,
+    /// Share of the peak of its precision (fp32 FMA for torch fp32, BF16 dot for the bf16 peers).
+    peak_share: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct PeerResult {
+    /// `torch fp32`, `torch bf16`, `llama.cpp bf16`.
+    name: &'static str,
+    /// The peer script (`torch backbone`, `llama.cpp`).
+    peer: String,
+    /// With versions: `torch 2.15.0 float32`, `llama.cpp 0c1e570 bf16`.
+    label: String,
+    threads: usize,
+    peak_rss_gib: Option<f64>,
+    rows: Vec<PeerRow>,
+    /// The peer script's whole answer (versions, build, conversion).
+    raw: serde_json::Value,
+}
+
+/// Our arm against one peer at one length.
+#[derive(Serialize)]
+struct Comparison {
+    tokens: usize,
+    arm: &'static str,
+    peer: &'static str,
+    ours_s: f64,
+    peer_s: f64,
+    /// `peer_s / ours_s`: how many times faster we are.
+    speedup: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct BackboneReport {
+    kind: &'static str,
+    machine: Machine,
+    model: String,
+    adapter: Option<String>,
+    /// `exact` (LoRA unmerged) or `merged`.
+    weights: &'static str,
+    /// The peers run on the checkpoint directory's weights as they are (a base without the adapter).
+    peer_model: String,
+    token_seed: u64,
+    load_s: f64,
+    weight_gib: f64,
+    rss_after_load_gib: Option<f64>,
+    /// Our RSS after dropping the model, before the peers started.
+    rss_before_peers_gib: Option<f64>,
+    peak: Option<peak::Peak>,
+    rows: Vec<RowResult>,
+    peer_setup: Option<PeerSetup>,
+    peers: Vec<PeerResult>,
+    peers_missing: Vec<PeerMissing>,
+    comparisons: Vec<Comparison>,
+    bars: Vec<Bar>,
+}
+
+/// Our arms against the peers, in the order of the bars: (our arm, peer name, bar).
+const PAIRS: [(&str, &str, f64); 3] = [
+    ("fp32", "torch fp32", 2.0),
+    ("bf16", "torch bf16", 1.2),
+    ("bf16", "llama.cpp bf16", 1.5),
+];
+/// Share of the measured BF16 peak the bf16 arm must reach on the longest row (issue 4).
+const BF16_PEAK_BAR: f64 = 0.65;
+/// Peak RSS bar with BF16 weights, bytes (issue 4: 11 GB).
+const RSS_BAR_BYTES: f64 = 11e9;
+
+pub(super) fn run(a: BackboneArgs) -> anyhow::Result<ExitCode> {
+    let (dir, mut opts) = a.model.backbone_source()?;
+    let arms: Vec<Arm> = if let Some(arm) = a.model.arm() {
+        vec![arm]
+    } else if a.arms.is_empty() {
+        vec![Arm::Fp32, Arm::Bf16]
+    } else {
+        a.arms
+            .iter()
+            .map(|s| s.parse().map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<_>>()?
+    };
+    anyhow::ensure!(
+        !a.lengths.is_empty() && !a.lengths.contains(&0),
+        "--lengths must be positive"
+    );
+    let choice = PeerChoice::parse(&a.peers)?;
+    let kern = Kernels::detect();
+    opts.kernels = Some(kern);
+    let mut machine = Machine::now(format!("{:?}", kern.isa()));
+
+    // Ours first; the model is dropped at the end of this block.
+    let t = Instant::now();
+    let model = Arc::new(
+        Backbone::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?,
+    );
+    let load_s = t.elapsed().as_secs_f64();
+    let rss_after_load = rss_gib("VmRSS");
+    eprintln!(
+        "loaded {} in {load_s:.1} s ({:.2} GiB of weights, RSS {:.2} GiB); measuring the machine peak",
+        dir.display(),
+        model.weight_bytes() as f64 / GIB,
+        rss_after_load.unwrap_or(f64::NAN)
+    );
+    let pk = peak::measure(kern, a.peak_seconds);
+    let cfg: Qwen35Config = model.config().clone();
+    let vocab = ORDINARY_VOCAB.min(u32::try_from(cfg.vocab_size).unwrap_or(u32::MAX));
+    let rows_ids: Vec<Vec<u32>> = a
+        .lengths
+        .iter()
+        .map(|&n| peers::bench_ids(n, a.seed, vocab))
+        .collect();
+    let mut rows = Vec::new();
+    for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
+        let gflop = cfg.prefill_flops(n) / 1e9;
+        for &arm in &arms {
+            let once = || -> anyhow::Result<(f64, f64)> {
+                let mut st = model.new_state();
+                let c0 = cpu_seconds();
+                let t = Instant::now();
+                let h = model.forward(arm, &mut st, toks, &[n - 1])?;
+                let dt = t.elapsed().as_secs_f64();
+                let cpu = cpu_seconds() - c0;
+                anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
+                Ok((dt, cpu))
+            };
+            for _ in 0..a.warmup {
+                once()?;
+            }
+            let timed: Vec<(f64, f64)> = (0..a.reps.max(1))
+                .map(|_| once())
+                .collect::<anyhow::Result<_>>()?;
+            let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
+            let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
+            let med = median(&runs).unwrap_or(f64::NAN);
+            let threads = kev_engine::kernels::threads() as f64;
+            // The rate the run would have had with its threads to itself: a guide when other processes
+            // share the cores (wall time is the figure of record). CPU time comes in 10 ms ticks: too short
+            // a run has no meaningful rate.
+            let cpu_med = median(&cpu).unwrap_or(0.0);
+            let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
+            let gflops = gflop / med;
+            let peak_share = share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops);
+            eprintln!(
+                "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s)",
+                arm.name(),
+                cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}"))
+            );
+            rows.push(RowResult {
+                arm: arm.name(),
+                tokens: n,
+                median_s: med,
+                runs_s: runs,
+                cpu_s: cpu,
+                gflops_per_cpu: cpu_gflops,
+                gflop,
+                gflops,
+                peak_share,
+                peak_rss_gib: rss_gib("VmHWM"),
+            });
+        }
+    }
+    let weights = if model.has_lora() { "exact" } else { "merged" };
+    let weight_gib = model.weight_bytes() as f64 / GIB;
+    drop(model);
+    let rss_before_peers = rss_gib("VmRSS");
+
+    let mut peers_done = Vec::new();
+    let mut missing = Vec::new();
+    let env = if choice.any() {
+        peer_env(kev_engine::kernels::threads())
+    } else {
+        None
+    };
+    if let Some(env) = &env {
+        eprintln!(
+            "our model dropped (RSS {:.2} GiB); running the peers on {}",
+            rss_before_peers.unwrap_or(f64::NAN),
+            dir.display()
+        );
+        let reps = a.peer_reps.unwrap_or(a.reps).max(1);
+        let mut add = |name: &'static str, res: Result<BackboneRun, peers::PeerError>| match res {
+            Ok(run) => peers_done.push(peer_result(name, run, &cfg, pk.as_ref())),
+            Err(e) => missing.push(PeerMissing::note(name, &e)),
+        };
+        if choice.torch {
+            if !a.no_torch_fp32 {
+                add(
+                    "torch fp32",
+                    peers::torch_backbone(env, &dir, &rows_ids, TorchDtype::Float32, reps),
+                );
+            }
+            add(
+                "torch bf16",
+                peers::torch_backbone(env, &dir, &rows_ids, TorchDtype::Bfloat16, reps),
+            );
+        }
+        if choice.llama {
+            add(
+                "llama.cpp bf16",
+                peers::llama_cpp_backbone(env, &dir, &a.lengths, reps),
+            );
+        }
+    }
+    machine.finish();
+
+    let comparisons = compare(&rows, &peers_done);
+    let bars = bars(&rows, &comparisons, &a.lengths);
+    let report = BackboneReport {
+        kind: "backbone",
+        machine,
+        model: dir.display().to_string(),
+        adapter: opts.adapter.map(|p| p.display().to_string()),
+        weights,
+        peer_model: dir.display().to_string(),
+        token_seed: a.seed,
+        load_s,
+        weight_gib,
+        rss_after_load_gib: rss_after_load,
+        rss_before_peers_gib: rss_before_peers,
+        peak: pk,
+        rows,
+        peer_setup: env.as_ref().map(PeerSetup::of),
+        peers: peers_done,
+        peers_missing: missing,
+        comparisons,
+        bars,
+    };
+    print_table(&report, &a.lengths);
+    write_json(&report, a.json.as_deref())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn share_of_peak(pk: Option<&peak::Peak>, bf16: bool, gflops: f64) -> Option<f64> {
+    let p = pk?;
+    if bf16 {
+        p.bf16_gflops.map(|b| gflops / b)
+    } else {
+        Some(gflops / p.fp32_gflops)
+    }
+}
+
+fn peer_result(
+    name: &'static str,
+    run: BackboneRun,
+    cfg: &Qwen35Config,
+    pk: Option<&peak::Peak>,
+) -> PeerResult {
+    let bf16 = name.ends_with("bf16");
+    let rows = run
+        .timings
+        .iter()
+        .map(|t| {
+            let gflops = cfg.prefill_flops(t.tokens) / 1e9 / t.median_s;
+            PeerRow {
+                tokens: t.tokens,
+                median_s: t.median_s,
+                min_s: t.min_s,
+                max_s: t.max_s,
+                samples_s: t.samples_s.clone(),
+                gflops,
+                peak_share: share_of_peak(pk, bf16, gflops),
+            }
+        })
+        .collect();
+    PeerResult {
+        name,
+        peer: run.peer.to_string(),
+        label: run.label,
+        threads: run.threads,
+        peak_rss_gib: run.peak_rss_bytes.map(|b| b as f64 / GIB),
+        rows,
+        raw: run.raw,
+    }
+}
+
+/// Every (our arm, peer) pair of [`PAIRS`] at every length both timed.
+fn compare(rows: &[RowResult], peers: &[PeerResult]) -> Vec<Comparison> {
+    let mut out = Vec::new();
+    for (arm, peer, _) in PAIRS {
+        let Some(p) = peers.iter().find(|p| p.name == peer) else {
+            continue;
+        };
+        for r in rows.iter().filter(|r| r.arm == arm) {
+            if let Some(pr) = p.rows.iter().find(|pr| pr.tokens == r.tokens) {
+                out.push(Comparison {
+                    tokens: r.tokens,
+                    arm,
+                    peer,
+                    ours_s: r.median_s,
+                    peer_s: pr.median_s,
+                    speedup: speedup(pr.median_s, r.median_s),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The bars of issue 4 that this run measured.
+fn bars(rows: &[RowResult], comparisons: &[Comparison], lengths: &[usize]) -> Vec<Bar> {
+    let mut out = Vec::new();
+    for (arm, peer, need) in PAIRS {
+        for c in comparisons
+            .iter()
+            .filter(|c| c.arm == arm && c.peer == peer)
+        {
+            if let Some(s) = c.speedup {
+                out.push(Bar::at_least(
+                    format!("{arm} vs {peer}, {} tokens (× faster)", c.tokens),
+                    s,
+                    need,
+                ));
+            }
+        }
+    }
+    if let Some(&longest) = lengths.iter().max()
+        && let Some(share) = rows
+            .iter()
+            .find(|r| r.arm == "bf16" && r.tokens == longest)
+            .and_then(|r| r.peak_share)
+    {
+        out.push(Bar::at_least(
+            format!("bf16 share of the measured BF16 peak, {longest} tokens"),
+            share,
+            BF16_PEAK_BAR,
+        ));
+    }
+    if let Some(rss) = rows
+        .iter()
+        .filter_map(|r| r.peak_rss_gib)
+        .max_by(f64::total_cmp)
+    {
+        out.push(Bar::at_most(
+            "peak RSS with BF16 weights (GB)",
+            rss * GIB / 1e9,
+            RSS_BAR_BYTES / 1e9,
+        ));
+    }
+    out
+}
+
+fn print_table(r: &BackboneReport, lengths: &[usize]) {
+    let m = &r.machine;
+    println!(
+        "{} ({} threads, {}), {} UTC, load average {} → {}",
+        m.cpu,
+        m.threads,
+        m.isa,
+        m.started_utc,
+        m.load_at_start
+            .map_or("?".into(), |l| format!("{:.2}", l[0])),
+        m.load_at_end.map_or("?".into(), |l| format!("{:.2}", l[0])),
+    );
+    if let Some(p) = &r.peak {
+        println!(
+            "machine peak ({} threads): fp32 FMA {:.0} GFLOP/s, bf16 dot {}",
+            p.threads,
+            p.fp32_gflops,
+            p.bf16_gflops
+                .map_or("n/a".into(), |b| format!("{b:.0} GFLOP/s"))
+        );
+    }
+    println!("model {} ({} weights)", r.model, r.weights);
+    println!();
+    println!(
+        "| engine | tokens | median s | GFLOP | GFLOP/s | share of peak | GFLOP/s per CPU-s | peak RSS GiB |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let pct = |s: Option<f64>| s.map_or("n/a".into(), |s| format!("{:.0} %", 100.0 * s));
+    for &n in lengths {
+        for row in r.rows.iter().filter(|x| x.tokens == n) {
+            println!(
+                "| kev {} | {} | {} | {:.0} | {:.0} | {} | {} | {} |",
+                row.arm,
+                row.tokens,
+                secs(row.median_s),
+                row.gflop,
+                row.gflops,
+                pct(row.peak_share),
+                row.gflops_per_cpu
+                    .map_or("n/a".into(), |g| format!("{g:.0}")),
+                row.peak_rss_gib.map_or("n/a".into(), |g| format!("{g:.2}")),
+            );
+        }
+        for p in &r.peers {
+            for pr in p.rows.iter().filter(|x| x.tokens == n) {
+                println!(
+                    "| {} | {} | {} | | {:.0} | {} | | {} |",
+                    p.label,
+                    pr.tokens,
+                    secs(pr.median_s),
+                    pr.gflops,
+                    pct(pr.peak_share),
+                    p.peak_rss_gib.map_or("n/a".into(), |g| format!("{g:.2}")),
+                );
+            }
+        }
+    }
+    if !r.comparisons.is_empty() {
+        println!();
+        println!("| tokens | fp32 vs torch fp32 | bf16 vs torch bf16 | bf16 vs llama.cpp bf16 |");
+        println!("| ---: | ---: | ---: | ---: |");
+        for &n in lengths {
+            let get = |arm: &str, peer: &str| {
+                r.comparisons
+                    .iter()
+                    .find(|c| c.tokens == n && c.arm == arm && c.peer == peer)
+                    .and_then(|c| c.speedup)
+            };
+            println!(
+                "| {n} | {} | {} | {} |",
+                times(get("fp32", "torch fp32")),
+                times(get("bf16", "torch bf16")),
+                times(get("bf16", "llama.cpp bf16")),
+            );
+        }
+    }
+    for miss in &r.peers_missing {
+        println!("{}", miss.reason);
+    }
+    print_bars(&r.bars);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(arm: &'static str, tokens: usize, median_s: f64, share: Option<f64>) -> RowResult {
+        RowResult {
+            arm,
+            tokens,
+            median_s,
+            runs_s: vec![median_s],
+            cpu_s: vec![],
+            gflops_per_cpu: None,
+            gflop: 1.0,
+            gflops: 1.0 / median_s,
+            peak_share: share,
+            peak_rss_gib: Some(8.0),
+        }
+    }
+
+    fn peer(name: &'static str, timings: &[(usize, f64)]) -> PeerResult {
+        PeerResult {
+            name,
+            label: name.into(),
+            threads: 2,
+            peak_rss_gib: None,
+            rows: timings
+                .iter()
+                .map(|&(tokens, s)| PeerRow {
+                    tokens,
+                    median_s: s,
+                    min_s: s,
+                    max_s: s,
+                    samples_s: vec![s],
+                    gflops: 1.0 / s,
+                    peak_share: None,
+                })
+                .collect(),
+            raw: serde_json::Value::Null,
+            peer: String::new(),
+        }
+    }
+
+    #[test]
+    fn comparisons_pair_each_arm_with_its_peers_and_bars_follow() {
+        let rows = vec![
+            row("fp32", 94, 1.5, Some(0.85)),
+            row("bf16", 94, 0.8, Some(0.83)),
+            row("fp32", 1518, 24.0, Some(0.87)),
+            row("bf16", 1518, 13.4, Some(0.60)),
+        ];
+        let peers = vec![
+            peer("torch fp32", &[(94, 5.1), (1518, 60.4)]),
+            peer("torch bf16", &[(94, 1.59), (1518, 19.7)]),
+            // llama.cpp only timed the short row.
+            peer("llama.cpp bf16", &[(94, 1.55)]),
+        ];
+        let c = compare(&rows, &peers);
+        assert_eq!(c.len(), 5);
+        let find = |arm: &str, p: &str, n: usize| {
+            c.iter()
+                .find(|c| c.arm == arm && c.peer == p && c.tokens == n)
+                .and_then(|c| c.speedup)
+        };
+        assert_eq!(find("fp32", "torch fp32", 94), Some(5.1 / 1.5));
+        assert_eq!(find("bf16", "torch bf16", 1518), Some(19.7 / 13.4));
+        assert_eq!(find("bf16", "llama.cpp bf16", 1518), None);
+        let b = bars(&rows, &c, &[94, 1518]);
+        // 5 ratios + peak share at the longest row + RSS.
+        assert_eq!(b.len(), 7);
+        let fp32_94 = &b[0];
+        assert!(fp32_94.met && fp32_94.threshold == 2.0);
+        // bf16 at 1518: 19.7 / 13.4 = 1.47 ≥ 1.2.
+        assert!(
+            b.iter()
+                .any(|x| x.what.contains("bf16 vs torch bf16, 1518") && x.met)
+        );
+        // 60 % of the peak misses the 65 % bar.
+        let share = b.iter().find(|x| x.what.contains("share")).unwrap();
+        assert!(!share.met && share.value == 0.60);
+        let rss = b.last().unwrap();
+        assert!(rss.met && (rss.value - 8.0 * GIB / 1e9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn peer_rates_use_our_flop_count() {
+        let cfg = Qwen35Config::qwen35_4b();
+        let pk = peak::Peak {
+            threads: 2,
+            fp32_gflops: 500.0,
+            bf16_gflops: Some(1000.0),
+        };
+        let run = BackboneRun {
+            peer: peers::Peer::TorchBackbone,
+            label: "torch 2.15.0 bfloat16".into(),
+            threads: 2,
+            peak_rss_bytes: Some(1 << 30),
+            timings: vec![peers::Timing {
+                tokens: 94,
+                median_s: 2.0,
+                min_s: 1.9,
+                max_s: 2.1,
+                samples_s: vec![1.9, 2.0, 2.1],
+            }],
+            raw: serde_json::Value::Null,
+        };
+        let p = peer_result("torch bf16", run, &cfg, Some(&pk));
+        let want = cfg.prefill_flops(94) / 1e9 / 2.0;
+        assert!((p.rows[0].gflops - want).abs() < 1e-9);
+        assert_eq!(p.rows[0].peak_share, Some(want / 1000.0));
+        assert_eq!(p.peak_rss_gib, Some(1.0));
+        // An fp32 peer is measured against the fp32 peak.
+        assert_eq!(share_of_peak(Some(&pk), false, 250.0), Some(0.5));
+        assert_eq!(share_of_peak(None, true, 250.0), None);
+    }
+}
