@@ -15,6 +15,7 @@ mod requests;
 
 use std::process::ExitCode;
 
+use kev_engine::Arm;
 use serde::Serialize;
 
 use super::peers::{PeerEnv, PeerError};
@@ -39,6 +40,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Sub::Backbone(a) => backbone::run(a),
         Sub::Decide(a) => decide::run(a),
     }
+}
+
+/// The compute arms to time: `--precision` picks one, else `--arms`, else both.
+fn arms(precision: Option<Arm>, listed: &[String]) -> anyhow::Result<Vec<Arm>> {
+    if let Some(arm) = precision {
+        return Ok(vec![arm]);
+    }
+    if listed.is_empty() {
+        return Ok(vec![Arm::Fp32, Arm::Bf16]);
+    }
+    listed
+        .iter()
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .collect()
 }
 
 /// Which peers a bench runs (`--peers`).
@@ -276,6 +291,20 @@ struct Machine {
 }
 
 impl Machine {
+    /// The first line of a report: what ran, when, and how busy the machine was.
+    fn headline(&self) -> String {
+        let load = |l: Option<[f64; 3]>| l.map_or("?".into(), |l| format!("{:.2}", l[0]));
+        format!(
+            "{} ({} threads, {}), {} UTC, load average {} → {}",
+            self.cpu,
+            self.threads,
+            self.isa,
+            self.started_utc,
+            load(self.load_at_start),
+            load(self.load_at_end),
+        )
+    }
+
     fn now(isa: String) -> Self {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()

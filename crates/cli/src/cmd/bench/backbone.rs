@@ -154,16 +154,7 @@ const RSS_BAR_BYTES: f64 = 11e9;
 
 pub(super) fn run(a: BackboneArgs) -> anyhow::Result<ExitCode> {
     let (dir, mut opts) = a.model.backbone_source()?;
-    let arms: Vec<Arm> = if let Some(arm) = a.model.arm() {
-        vec![arm]
-    } else if a.arms.is_empty() {
-        vec![Arm::Fp32, Arm::Bf16]
-    } else {
-        a.arms
-            .iter()
-            .map(|s| s.parse().map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<_>>()?
-    };
+    let arms = super::arms(a.model.arm(), &a.arms)?;
     anyhow::ensure!(
         !a.lengths.is_empty() && !a.lengths.contains(&0),
         "--lengths must be positive"
@@ -425,17 +416,7 @@ fn bars(rows: &[RowResult], comparisons: &[Comparison], lengths: &[usize]) -> Ve
 }
 
 fn print_table(r: &BackboneReport, lengths: &[usize]) {
-    let m = &r.machine;
-    println!(
-        "{} ({} threads, {}), {} UTC, load average {} → {}",
-        m.cpu,
-        m.threads,
-        m.isa,
-        m.started_utc,
-        m.load_at_start
-            .map_or("?".into(), |l| format!("{:.2}", l[0])),
-        m.load_at_end.map_or("?".into(), |l| format!("{:.2}", l[0])),
-    );
+    println!("{}", r.machine.headline());
     if let Some(p) = &r.peak {
         println!(
             "machine peak ({} threads): fp32 FMA {:.0} GFLOP/s, bf16 dot {}",

@@ -392,16 +392,7 @@ struct Selected {
 }
 
 pub(super) fn run(a: DecideArgs) -> anyhow::Result<ExitCode> {
-    let arms: Vec<Arm> = if let Some(arm) = a.model.arm() {
-        vec![arm]
-    } else if a.arms.is_empty() {
-        vec![Arm::Fp32, Arm::Bf16]
-    } else {
-        a.arms
-            .iter()
-            .map(|s| s.parse().map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<_>>()?
-    };
+    let arms = super::arms(a.model.arm(), &a.arms)?;
     let wanted: Vec<&'static CaseDef> = if a.cases.is_empty() {
         CASES.iter().collect()
     } else {
@@ -780,17 +771,7 @@ fn bars(results: &[RunResult], cases: &[CaseInfo], comparisons: &[Comparison]) -
 }
 
 fn print_table(r: &DecideReport) {
-    let m = &r.machine;
-    println!(
-        "{} ({} threads, {}), {} UTC, load average {} → {}",
-        m.cpu,
-        m.threads,
-        m.isa,
-        m.started_utc,
-        m.load_at_start
-            .map_or("?".into(), |l| format!("{:.2}", l[0])),
-        m.load_at_end.map_or("?".into(), |l| format!("{:.2}", l[0])),
-    );
+    println!("{}", r.machine.headline());
     println!(
         "model {} ({} weights), head {}, pass budget {} tokens, snapshots {}",
         r.model,

@@ -282,14 +282,11 @@ mod tests {
     #[test]
     fn the_body_is_a_valid_request_that_compiles_to_the_measured_rows() {
         let tok = tokenizer();
-        let r = build(
-            &tok,
-            Shape::OnState {
-                state_tokens: 137,
-                questions: 5,
-            },
-        )
-        .unwrap();
+        let shape = Shape::OnState {
+            state_tokens: 137,
+            questions: 5,
+        };
+        let r = build(&tok, shape).unwrap();
         let req = kev_contract::parse_request(&r.body).unwrap();
         assert_eq!(req.questions().len(), 5);
         let c = tok.compile(&req, &Limits::KEV).unwrap();
@@ -299,14 +296,7 @@ mod tests {
             r.branch_tokens
         );
         // The same shape builds the same bytes (the torch peer gets what we timed).
-        let again = build(
-            &tok,
-            Shape::OnState {
-                state_tokens: 137,
-                questions: 5,
-            },
-        )
-        .unwrap();
+        let again = build(&tok, shape).unwrap();
         assert_eq!(again.body, r.body);
     }
 
