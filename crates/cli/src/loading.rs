@@ -70,12 +70,7 @@ pub fn default_cache_bytes() -> usize {
 impl ModelArgs {
     /// The load specification these flags name.
     pub fn load_spec(&self, settings: Settings) -> anyhow::Result<LoadSpec> {
-        if self.device != "cpu" {
-            anyhow::bail!(
-                "--device {}: this build runs on the CPU only (`--device cpu`); the CUDA backend is not built yet",
-                self.device
-            );
-        }
+        self.check_device()?;
         let form: WeightForm = self
             .weights
             .parse()

@@ -21,15 +21,36 @@ pub struct ModelArgs {
     /// Compute arm: `fp32` or `bf16` (default: bf16 where the CPU has native BF16 dot products, else fp32).
     #[arg(long, env = "KEV_PRECISION", value_parser = ["fp32", "bf16"])]
     pub precision: Option<String>,
-    /// Device: `cpu` (or `cuda[:N]` where built with CUDA).
+    /// Device: `cpu`, or `cuda[:N]` (checks the device and kernels; the CUDA backend is not enabled until it has
+    /// passed its parity test on a GPU).
     #[arg(long, env = "KEV_DEVICE", default_value = "cpu")]
     pub device: String,
 }
 
 impl ModelArgs {
+    /// `--device`: `cpu` runs; `cuda[:N]` opens the device and compiles the kernels, so that the error says
+    /// whether the machine could run them, then refuses until the CUDA backend has passed its parity test on a GPU
+    /// (issue 9).
+    pub fn check_device(&self) -> anyhow::Result<()> {
+        let choice: kev_cuda::DeviceChoice = self.device.parse().map_err(anyhow::Error::msg)?;
+        let kev_cuda::DeviceChoice::Cuda(n) = choice else {
+            return Ok(());
+        };
+        match kev_cuda::Device::open(n) {
+            Err(e) => anyhow::bail!("--device {choice}: {e}"),
+            Ok(d) => anyhow::bail!(
+                "--device {choice}: {} is usable and kev's kernels compile for it, but the CUDA backend has not \
+                 passed its parity test on a GPU yet (kev-cuda's tests/backend.rs), so kev does not serve with it; \
+                 use --device cpu",
+                d.describe()
+            ),
+        }
+    }
+
     /// How to load the backbone: the checkpoint directory and its load options (the `exact` form keeps
     /// the adapter unmerged; `merged` from `--base/--kev` merges it at load, bit-exact with `kev prepare`).
     pub fn backbone_source(&self) -> anyhow::Result<(PathBuf, kev_engine::LoadOptions)> {
+        self.check_device()?;
         let opts = |adapter: Option<&PathBuf>, merge: bool| kev_engine::LoadOptions {
             adapter: adapter.cloned(),
             kernels: None,

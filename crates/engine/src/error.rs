@@ -49,6 +49,9 @@ pub enum EngineError {
     /// A forward call was given inputs it cannot run (bad token id, wanted index, state from another model).
     #[error("invalid input: {0}")]
     Input(String),
+    /// The compute device failed (a GPU backend's driver, memory or kernel error): not the input's fault.
+    #[error("compute device: {0}")]
+    Device(String),
 }
 
 impl EngineError {

@@ -1,0 +1,853 @@
+//! The CUDA backend: `kev_engine::Backend` over cuBLAS projections and the kernels of `kernels.cu`.
+//!
+//! **Never run yet** (written on machines without a GPU; issue 9): `tests/backend.rs` compares it with the CPU
+//! backend on the fixture release and is skipped where no device opens. Until that test has passed on a GPU,
+//! nothing outside the tests constructs it.
+//!
+//! Shape of the first version, chosen for being easy to check rather than fast:
+//! - weights: BF16 on the device, uploaded once (the LoRA merged at load exactly as the CPU loader merges it);
+//!   the fp32 arm also keeps an fp32 copy of every matrix, widened on the device, and runs `cublasSgemm`
+//!   (no TF32); the bf16 arm rounds activations to bf16 and runs `cublasGemmEx` (BF16 × BF16, fp32 compute);
+//! - rows run one after another (no cross-row GEMM batching yet), each token-serial through the GDN recurrence
+//!   (the chunked form is the next step for long prefills);
+//! - the state lives on the device: per GDN layer the 3-row conv history and the fp32 recurrent state, per
+//!   attention layer K and V for every position so far; `Clone` copies it on the device.
+
+use std::path::Path;
+
+use cudarc::cublas::{CudaBlas, sys as cublas_sys};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use kev_engine::{Arm, Backend, BatchRow, EngineError, LayerKind, Qwen35Config};
+use kev_release::adapter::Adapter;
+use kev_release::merge::merge_weight;
+use kev_release::shards::{Dtype, TensorStore, TensorView};
+
+use crate::Device;
+
+fn dev_err(e: impl std::fmt::Debug) -> EngineError {
+    EngineError::Device(format!("{e:?}"))
+}
+
+/// A projection `y = x · Wᵀ`, `W` `[n, k]` row-major.
+struct Mat {
+    n: usize,
+    k: usize,
+    bf16: CudaSlice<u16>,
+    /// The fp32 arm's widened copy.
+    f32: Option<CudaSlice<f32>>,
+}
+
+// One per layer, never moved after load: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Gdn {
+        qkv: Mat,
+        z: Mat,
+        b: Mat,
+        a: Mat,
+        /// `[conv_dim, 4]`.
+        taps: CudaSlice<f32>,
+        a_log: CudaSlice<f32>,
+        dt_bias: CudaSlice<f32>,
+        norm: CudaSlice<f32>,
+        out: Mat,
+    },
+    Attn {
+        q: Mat,
+        k: Mat,
+        v: Mat,
+        q_norm: CudaSlice<f32>,
+        k_norm: CudaSlice<f32>,
+        o: Mat,
+    },
+}
+
+struct Layer {
+    in_norm: CudaSlice<f32>,
+    mixer: Mixer,
+    post_norm: CudaSlice<f32>,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+}
+
+/// The kernels, looked up once.
+struct Funcs {
+    embed: CudaFunction,
+    rms_norm: CudaFunction,
+    conv_silu: CudaFunction,
+    l2_norm_heads: CudaFunction,
+    gdn_gates: CudaFunction,
+    gdn_recurrent: CudaFunction,
+    gated_rms_norm: CudaFunction,
+    qk_norm_rope: CudaFunction,
+    kv_append: CudaFunction,
+    attention: CudaFunction,
+    sigmoid_gate: CudaFunction,
+    silu_mul: CudaFunction,
+    add_inplace: CudaFunction,
+    to_bf16: CudaFunction,
+    widen_bf16: CudaFunction,
+    gather_rows: CudaFunction,
+}
+
+/// A model on a CUDA device.
+pub struct CudaBackend {
+    dev: Device,
+    blas: CudaBlas,
+    f: Funcs,
+    cfg: Qwen35Config,
+    arm: Arm,
+    embed: CudaSlice<u16>,
+    layers: Vec<Layer>,
+    final_norm: CudaSlice<f32>,
+}
+
+// SAFETY: every use of the device goes through `forward`, which holds `&self` only to enqueue work on the one
+// stream and synchronises before returning; cudarc's handles are thread-safe for that use.
+unsafe impl Send for CudaBackend {}
+unsafe impl Sync for CudaBackend {}
+
+/// Per-layer state on the device.
+#[derive(Clone)]
+enum LayerState {
+    Gdn {
+        conv: CudaSlice<f32>,
+        rec: CudaSlice<f32>,
+    },
+    Attn {
+        k: Option<CudaSlice<f32>>,
+        v: Option<CudaSlice<f32>>,
+    },
+}
+
+/// A sequence state on the device.
+#[derive(Clone)]
+pub struct CudaState {
+    pos: usize,
+    layers: Vec<LayerState>,
+}
+
+// SAFETY: device buffers are plain allocations; all access is ordered on the backend's stream.
+unsafe impl Send for CudaState {}
+unsafe impl Sync for CudaState {}
+
+fn blocks(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn grid(g: usize, b: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (g as u32, 1, 1),
+        block_dim: (b, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Loads tensors by short name, merging the adapter where it has the tensor.
+struct Loader<'a> {
+    store: &'a TensorStore,
+    prefix: &'static str,
+    adapter: Option<&'a Adapter>,
+}
+
+impl Loader<'_> {
+    fn view(&self, short: &str, shape: &[usize]) -> Result<TensorView<'_>, EngineError> {
+        let name = format!("{}{short}", self.prefix);
+        let v = self.store.get(&name)?;
+        if v.shape != shape {
+            return Err(EngineError::Tensor {
+                name,
+                reason: format!("shape {:?}, expected {shape:?}", v.shape),
+            });
+        }
+        Ok(v)
+    }
+
+    /// A matrix as BF16 bits, merged with its LoRA when the adapter has one.
+    fn bf16(&self, short: &str, n: usize, k: usize) -> Result<Vec<u16>, EngineError> {
+        let v = self.view(short, &[n, k])?;
+        if let Some(a) = self.adapter
+            && let Some(l) = a.for_tensor(v.name)
+        {
+            let merged =
+                merge_weight(&v, l, a.scale()).map_err(|e| EngineError::Adapter(e.to_string()))?;
+            return Ok(merged.iter().map(|x| x.to_bits()).collect());
+        }
+        match v.dtype {
+            Dtype::BF16 => Ok(v
+                .data
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect()),
+            Dtype::F32 => Ok(v
+                .data
+                .chunks_exact(4)
+                .map(|b| {
+                    kev_release::merge::bf16_rne(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .to_bits()
+                })
+                .collect()),
+            other => Err(EngineError::Tensor {
+                name: v.name.to_string(),
+                reason: format!("dtype {}, expected BF16 or F32", other.name()),
+            }),
+        }
+    }
+
+    fn f32(&self, short: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let v = self.view(short, shape)?;
+        match v.dtype {
+            Dtype::BF16 => Ok(v
+                .data
+                .chunks_exact(2)
+                .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+                .collect()),
+            Dtype::F32 => Ok(v
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()),
+            other => Err(EngineError::Tensor {
+                name: v.name.to_string(),
+                reason: format!("dtype {}, expected BF16 or F32", other.name()),
+            }),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Load `dir` (config.json + safetensors) onto `dev`; with `adapter`, the LoRA is merged at load.
+    pub fn load(
+        dev: Device,
+        dir: &Path,
+        adapter: Option<&Path>,
+        arm: Arm,
+    ) -> Result<Self, EngineError> {
+        let cfg = Qwen35Config::from_dir(dir)?;
+        let store = TensorStore::open(dir)?;
+        let adapter = adapter
+            .map(|a| Adapter::load(a, &store).map_err(|e| EngineError::Adapter(e.to_string())))
+            .transpose()?;
+        let ld = Loader {
+            store: &store,
+            prefix: store.text_prefix()?,
+            adapter: adapter.as_ref(),
+        };
+        let s = dev.stream().clone();
+        let fun = |n: &str| dev.function(n).map_err(dev_err);
+        let f = Funcs {
+            embed: fun("embed_bf16")?,
+            rms_norm: fun("rms_norm")?,
+            conv_silu: fun("conv_silu")?,
+            l2_norm_heads: fun("l2_norm_heads")?,
+            gdn_gates: fun("gdn_gates")?,
+            gdn_recurrent: fun("gdn_recurrent")?,
+            gated_rms_norm: fun("gated_rms_norm")?,
+            qk_norm_rope: fun("qk_norm_rope")?,
+            kv_append: fun("kv_append")?,
+            attention: fun("attention")?,
+            sigmoid_gate: fun("sigmoid_gate")?,
+            silu_mul: fun("silu_mul")?,
+            add_inplace: fun("add_inplace")?,
+            to_bf16: fun("to_bf16")?,
+            widen_bf16: fun("widen_bf16")?,
+            gather_rows: fun("gather_rows")?,
+        };
+        let up_f32 = |v: Vec<f32>| s.clone_htod(&v).map_err(dev_err);
+        let mat = |short: &str, n: usize, k: usize| -> Result<Mat, EngineError> {
+            let bits = ld.bf16(short, n, k)?;
+            let bf16 = s.clone_htod(&bits).map_err(dev_err)?;
+            let f32 = if arm == Arm::Fp32 {
+                let mut w = s.alloc_zeros::<f32>(n * k).map_err(dev_err)?;
+                let len = (n * k) as i64;
+                let mut b = s.launch_builder(&f.widen_bf16);
+                b.arg(&bf16).arg(&mut w).arg(&len);
+                unsafe { b.launch(blocks(n * k)) }.map_err(dev_err)?;
+                Some(w)
+            } else {
+                None
+            };
+            Ok(Mat { n, k, bf16, f32 })
+        };
+        let h = cfg.hidden_size;
+        let embed_bits = ld.bf16("embed_tokens.weight", cfg.vocab_size, h)?;
+        let embed = s.clone_htod(&embed_bits).map_err(dev_err)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        for (i, kind) in cfg.layer_types.iter().enumerate() {
+            let p = |x: &str| format!("layers.{i}.{x}");
+            let mixer = match kind {
+                LayerKind::Linear => {
+                    let (cd, vd, nv) =
+                        (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+                    Mixer::Gdn {
+                        qkv: mat(&p("linear_attn.in_proj_qkv.weight"), cd, h)?,
+                        z: mat(&p("linear_attn.in_proj_z.weight"), vd, h)?,
+                        b: mat(&p("linear_attn.in_proj_b.weight"), nv, h)?,
+                        a: mat(&p("linear_attn.in_proj_a.weight"), nv, h)?,
+                        taps: up_f32(
+                            ld.f32(&p("linear_attn.conv1d.weight"), &[cd, 1, cfg.conv_kernel])?,
+                        )?,
+                        a_log: up_f32(ld.f32(&p("linear_attn.A_log"), &[nv])?)?,
+                        dt_bias: up_f32(ld.f32(&p("linear_attn.dt_bias"), &[nv])?)?,
+                        norm: up_f32(
+                            ld.f32(&p("linear_attn.norm.weight"), &[cfg.linear_value_head_dim])?,
+                        )?,
+                        out: mat(&p("linear_attn.out_proj.weight"), h, vd)?,
+                    }
+                }
+                LayerKind::Full => {
+                    let (nh, nkv, hd) = (
+                        cfg.num_attention_heads,
+                        cfg.num_key_value_heads,
+                        cfg.head_dim,
+                    );
+                    Mixer::Attn {
+                        q: mat(&p("self_attn.q_proj.weight"), 2 * nh * hd, h)?,
+                        k: mat(&p("self_attn.k_proj.weight"), nkv * hd, h)?,
+                        v: mat(&p("self_attn.v_proj.weight"), nkv * hd, h)?,
+                        q_norm: up_f32(ld.f32(&p("self_attn.q_norm.weight"), &[hd])?)?,
+                        k_norm: up_f32(ld.f32(&p("self_attn.k_norm.weight"), &[hd])?)?,
+                        o: mat(&p("self_attn.o_proj.weight"), h, nh * hd)?,
+                    }
+                }
+            };
+            let im = cfg.intermediate_size;
+            layers.push(Layer {
+                in_norm: up_f32(ld.f32(&p("input_layernorm.weight"), &[h])?)?,
+                mixer,
+                post_norm: up_f32(ld.f32(&p("post_attention_layernorm.weight"), &[h])?)?,
+                gate: mat(&p("mlp.gate_proj.weight"), im, h)?,
+                up: mat(&p("mlp.up_proj.weight"), im, h)?,
+                down: mat(&p("mlp.down_proj.weight"), h, im)?,
+            });
+        }
+        let final_norm = up_f32(ld.f32("norm.weight", &[h])?)?;
+        s.synchronize().map_err(dev_err)?;
+        let blas = CudaBlas::new(s.clone()).map_err(dev_err)?;
+        Ok(CudaBackend {
+            dev,
+            blas,
+            f,
+            cfg,
+            arm,
+            embed,
+            layers,
+            final_norm,
+        })
+    }
+
+    fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, EngineError> {
+        self.dev
+            .stream()
+            .alloc_zeros::<f32>(n.max(1))
+            .map_err(dev_err)
+    }
+
+    /// `y[m, n] = x[m, k] · Wᵀ` (row-major): column-major `yᵀ = W · xᵀ`, i.e. `op(A) = Wᵀ` over W's storage.
+    fn gemm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &Mat,
+        m: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<(), EngineError> {
+        let s = self.dev.stream();
+        let (n, k) = (w.n as i32, w.k as i32);
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let t = cublas_sys::cublasOperation_t::CUBLAS_OP_T;
+        let nn = cublas_sys::cublasOperation_t::CUBLAS_OP_N;
+        let handle = *self.blas.handle();
+        match (&w.f32, self.arm) {
+            (Some(wf), Arm::Fp32) => {
+                let (a, _ra) = wf.device_ptr(s);
+                let (b, _rb) = x.device_ptr(s);
+                let (c, _rc) = y.device_ptr_mut(s);
+                unsafe {
+                    cudarc::cublas::result::sgemm(
+                        handle,
+                        t,
+                        nn,
+                        n,
+                        m as i32,
+                        k,
+                        &alpha,
+                        a as *const f32,
+                        k,
+                        b as *const f32,
+                        k,
+                        &beta,
+                        c as *mut f32,
+                        n,
+                    )
+                }
+                .map_err(dev_err)
+            }
+            _ => {
+                let mut xb = s.alloc_zeros::<u16>((m * w.k).max(1)).map_err(dev_err)?;
+                let len = (m * w.k) as i64;
+                let mut lb = s.launch_builder(&self.f.to_bf16);
+                lb.arg(x).arg(&mut xb).arg(&len);
+                unsafe { lb.launch(blocks(m * w.k)) }.map_err(dev_err)?;
+                let (a, _ra) = w.bf16.device_ptr(s);
+                let (b, _rb) = xb.device_ptr(s);
+                let (c, _rc) = y.device_ptr_mut(s);
+                let bf = cublas_sys::cudaDataType_t::CUDA_R_16BF;
+                unsafe {
+                    cudarc::cublas::result::gemm_ex(
+                        handle,
+                        t,
+                        nn,
+                        n,
+                        m as i32,
+                        k,
+                        (&alpha) as *const f32 as *const _,
+                        a as *const _,
+                        bf,
+                        k,
+                        b as *const _,
+                        bf,
+                        k,
+                        (&beta) as *const f32 as *const _,
+                        c as *mut _,
+                        cublas_sys::cudaDataType_t::CUDA_R_32F,
+                        n,
+                        cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(dev_err)
+            }
+        }
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        rows: usize,
+        dim: usize,
+        one_plus: bool,
+    ) -> Result<(), EngineError> {
+        let (d, stride, eps, op) = (
+            dim as i32,
+            dim as i64,
+            self.cfg.rms_norm_eps,
+            one_plus as i32,
+        );
+        let mut b = self.dev.stream().launch_builder(&self.f.rms_norm);
+        b.arg(x)
+            .arg(w)
+            .arg(y)
+            .arg(&d)
+            .arg(&stride)
+            .arg(&eps)
+            .arg(&op);
+        unsafe { b.launch(grid(rows, 256)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, n: usize) -> Result<(), EngineError> {
+        let len = n as i64;
+        let mut b = self.dev.stream().launch_builder(&self.f.add_inplace);
+        b.arg(x).arg(y).arg(&len);
+        unsafe { b.launch(blocks(n)) }.map_err(dev_err)?;
+        Ok(())
+    }
+
+    /// One row through every layer; returns the final-norm hidden states at `wanted`.
+    fn row(
+        &self,
+        st: &mut CudaState,
+        tokens: &[u32],
+        wanted: &[usize],
+    ) -> Result<Vec<f32>, EngineError> {
+        let s = self.dev.stream();
+        let cfg = &self.cfg;
+        let (t, h, pos0) = (tokens.len(), cfg.hidden_size, st.pos);
+        let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let ids_d = s.clone_htod(&ids).map_err(dev_err)?;
+        let mut x = self.alloc(t * h)?;
+        {
+            let hd = h as i32;
+            let mut b = s.launch_builder(&self.f.embed);
+            b.arg(&self.embed).arg(&ids_d).arg(&mut x).arg(&hd);
+            unsafe { b.launch(grid(t, 256)) }.map_err(dev_err)?;
+        }
+        let mut hn = self.alloc(t * h)?;
+        let mut delta = self.alloc(t * h)?;
+        let eps = cfg.rms_norm_eps;
+        for (layer, ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+            self.rms_norm(&x, &layer.in_norm, &mut hn, t, h, true)?;
+            match (&layer.mixer, ls) {
+                (
+                    Mixer::Gdn {
+                        qkv,
+                        z,
+                        b: bm,
+                        a: am,
+                        taps,
+                        a_log,
+                        dt_bias,
+                        norm,
+                        out,
+                    },
+                    LayerState::Gdn { conv, rec },
+                ) => {
+                    let (cd, vd) = (cfg.conv_dim(), cfg.value_dim());
+                    let (nk, nv, dk) = (
+                        cfg.linear_num_key_heads,
+                        cfg.linear_num_value_heads,
+                        cfg.linear_key_head_dim,
+                    );
+                    let kd = nk * dk;
+                    let mut qkv_o = self.alloc(t * cd)?;
+                    let mut z_o = self.alloc(t * vd)?;
+                    let mut b_o = self.alloc(t * nv)?;
+                    let mut a_o = self.alloc(t * nv)?;
+                    self.gemm(&hn, qkv, t, &mut qkv_o)?;
+                    self.gemm(&hn, z, t, &mut z_o)?;
+                    self.gemm(&hn, bm, t, &mut b_o)?;
+                    self.gemm(&hn, am, t, &mut a_o)?;
+                    let mut conv_o = self.alloc(t * cd)?;
+                    let mut hist = self.alloc(3 * cd)?;
+                    {
+                        let (ti, ci) = (t as i32, cd as i32);
+                        let mut b = s.launch_builder(&self.f.conv_silu);
+                        b.arg(&qkv_o)
+                            .arg(&*conv)
+                            .arg(taps)
+                            .arg(&mut conv_o)
+                            .arg(&mut hist);
+                        b.arg(&ti).arg(&ci);
+                        let cfg_l = LaunchConfig {
+                            grid_dim: (cd.div_ceil(256) as u32, t as u32, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        unsafe { b.launch(cfg_l) }.map_err(dev_err)?;
+                    }
+                    *conv = hist;
+                    // q at columns [0, kd), k at [kd, 2kd), v after: normalise q (scaled) and k in place.
+                    for (off, scale) in [(0usize, 1.0 / (dk as f32).sqrt()), (kd, 1.0f32)] {
+                        let (hi, di, rs, e) = (nk as i32, dk as i32, cd as i64, 1e-6f32);
+                        let mut view = conv_o.slice_mut(off..);
+                        let mut b = s.launch_builder(&self.f.l2_norm_heads);
+                        b.arg(&mut view)
+                            .arg(&hi)
+                            .arg(&di)
+                            .arg(&rs)
+                            .arg(&e)
+                            .arg(&scale);
+                        unsafe { b.launch(grid(t * nk, 128)) }.map_err(dev_err)?;
+                    }
+                    let mut g = self.alloc(t * nv)?;
+                    let mut beta = self.alloc(t * nv)?;
+                    {
+                        let nvi = nv as i32;
+                        let mut b = s.launch_builder(&self.f.gdn_gates);
+                        b.arg(&a_o)
+                            .arg(&b_o)
+                            .arg(a_log)
+                            .arg(dt_bias)
+                            .arg(&mut g)
+                            .arg(&mut beta)
+                            .arg(&nvi);
+                        unsafe { b.launch(grid(t, nv.next_power_of_two() as u32)) }
+                            .map_err(dev_err)?;
+                    }
+                    let mut o = self.alloc(t * vd)?;
+                    {
+                        let qv = conv_o.slice(0..);
+                        let kv = conv_o.slice(kd..);
+                        let vv = conv_o.slice(2 * kd..);
+                        let (ti, nki, nvi) = (t as i32, nk as i32, nv as i32);
+                        let stride = cd as i64;
+                        let mut b = s.launch_builder(&self.f.gdn_recurrent);
+                        b.arg(&qv)
+                            .arg(&kv)
+                            .arg(&vv)
+                            .arg(&g)
+                            .arg(&beta)
+                            .arg(&mut *rec)
+                            .arg(&mut o);
+                        b.arg(&ti)
+                            .arg(&nki)
+                            .arg(&nvi)
+                            .arg(&stride)
+                            .arg(&stride)
+                            .arg(&stride);
+                        unsafe { b.launch(grid(nv, cfg.linear_value_head_dim as u32)) }
+                            .map_err(dev_err)?;
+                    }
+                    let mut y = self.alloc(t * vd)?;
+                    {
+                        let (dv, zs, nvi) =
+                            (cfg.linear_value_head_dim as i32, vd as i64, nv as i32);
+                        let mut b = s.launch_builder(&self.f.gated_rms_norm);
+                        b.arg(&o)
+                            .arg(&z_o)
+                            .arg(norm)
+                            .arg(&mut y)
+                            .arg(&dv)
+                            .arg(&zs)
+                            .arg(&nvi)
+                            .arg(&eps);
+                        unsafe { b.launch(grid(t * nv, 128)) }.map_err(dev_err)?;
+                    }
+                    self.gemm(&y, out, t, &mut delta)?;
+                }
+                (
+                    Mixer::Attn {
+                        q,
+                        k,
+                        v,
+                        q_norm,
+                        k_norm,
+                        o,
+                    },
+                    LayerState::Attn { k: kc, v: vc },
+                ) => {
+                    let (nh, nkv, hd) = (
+                        cfg.num_attention_heads,
+                        cfg.num_key_value_heads,
+                        cfg.head_dim,
+                    );
+                    let mut qg = self.alloc(t * 2 * nh * hd)?;
+                    let mut kk = self.alloc(t * nkv * hd)?;
+                    let mut vv = self.alloc(t * nkv * hd)?;
+                    self.gemm(&hn, q, t, &mut qg)?;
+                    self.gemm(&hn, k, t, &mut kk)?;
+                    self.gemm(&hn, v, t, &mut vv)?;
+                    let mut qr = self.alloc(t * nh * hd)?;
+                    let mut kr = self.alloc(t * nkv * hd)?;
+                    let (di, ri, p0) = (hd as i32, cfg.rotary_dim as i32, pos0 as i64);
+                    let theta = cfg.rope_theta;
+                    for (src, stride, head_stride, w, dst, heads) in [
+                        (
+                            &qg,
+                            (2 * nh * hd) as i64,
+                            (2 * hd) as i64,
+                            q_norm,
+                            &mut qr,
+                            nh,
+                        ),
+                        (&kk, (nkv * hd) as i64, hd as i64, k_norm, &mut kr, nkv),
+                    ] {
+                        let hi = heads as i32;
+                        let mut b = s.launch_builder(&self.f.qk_norm_rope);
+                        b.arg(src)
+                            .arg(&stride)
+                            .arg(&head_stride)
+                            .arg(w)
+                            .arg(dst)
+                            .arg(&hi)
+                            .arg(&di);
+                        b.arg(&ri).arg(&p0).arg(&theta).arg(&eps);
+                        unsafe { b.launch(grid(t * heads, 256)) }.map_err(dev_err)?;
+                    }
+                    // The cache grows by copying: simple, and rows are short next to the weights.
+                    let len = pos0 + t;
+                    let width = nkv * hd;
+                    let mut k_new = self.alloc(len * width)?;
+                    let mut v_new = self.alloc(len * width)?;
+                    if let (Some(ko), Some(vo)) = (kc.as_ref(), vc.as_ref()) {
+                        s.memcpy_dtod(
+                            &ko.slice(0..pos0 * width),
+                            &mut k_new.slice_mut(0..pos0 * width),
+                        )
+                        .map_err(dev_err)?;
+                        s.memcpy_dtod(
+                            &vo.slice(0..pos0 * width),
+                            &mut v_new.slice_mut(0..pos0 * width),
+                        )
+                        .map_err(dev_err)?;
+                    }
+                    {
+                        let (kvi, dii) = (nkv as i32, hd as i32);
+                        let mut b = s.launch_builder(&self.f.kv_append);
+                        b.arg(&kr)
+                            .arg(&vv)
+                            .arg(&mut k_new)
+                            .arg(&mut v_new)
+                            .arg(&p0)
+                            .arg(&kvi)
+                            .arg(&dii);
+                        unsafe { b.launch(grid(t * nkv, hd as u32)) }.map_err(dev_err)?;
+                    }
+                    let mut att = self.alloc(t * nh * hd)?;
+                    {
+                        let (hi, kvi, dii) = (nh as i32, nkv as i32, hd as i32);
+                        let scale = 1.0 / (hd as f32).sqrt();
+                        let shared = (len * 4) as u32;
+                        if shared > 48 * 1024 {
+                            return Err(EngineError::Input(format!(
+                                "{len} positions: the CUDA attention kernel holds at most 12,288 scores per query"
+                            )));
+                        }
+                        let mut b = s.launch_builder(&self.f.attention);
+                        b.arg(&qr)
+                            .arg(&k_new)
+                            .arg(&v_new)
+                            .arg(&mut att)
+                            .arg(&hi)
+                            .arg(&kvi)
+                            .arg(&dii);
+                        b.arg(&p0).arg(&scale);
+                        let mut lc = grid(t * nh, 256);
+                        lc.shared_mem_bytes = shared;
+                        unsafe { b.launch(lc) }.map_err(dev_err)?;
+                    }
+                    {
+                        let gate = qg.slice(hd..);
+                        let (gs, ghs, hi, dii) =
+                            ((2 * nh * hd) as i64, (2 * hd) as i64, nh as i32, hd as i32);
+                        let mut b = s.launch_builder(&self.f.sigmoid_gate);
+                        b.arg(&mut att)
+                            .arg(&gate)
+                            .arg(&gs)
+                            .arg(&ghs)
+                            .arg(&hi)
+                            .arg(&dii);
+                        unsafe { b.launch(grid(t * nh, hd as u32)) }.map_err(dev_err)?;
+                    }
+                    *kc = Some(k_new);
+                    *vc = Some(v_new);
+                    self.gemm(&att, o, t, &mut delta)?;
+                }
+                _ => {
+                    return Err(EngineError::Input(
+                        "the state was made for another model".into(),
+                    ));
+                }
+            }
+            self.add(&mut x, &delta, t * h)?;
+            // MLP.
+            let im = cfg.intermediate_size;
+            self.rms_norm(&x, &layer.post_norm, &mut hn, t, h, true)?;
+            let mut g = self.alloc(t * im)?;
+            let mut u = self.alloc(t * im)?;
+            self.gemm(&hn, &layer.gate, t, &mut g)?;
+            self.gemm(&hn, &layer.up, t, &mut u)?;
+            let mut act = self.alloc(t * im)?;
+            {
+                let n = (t * im) as i64;
+                let mut b = s.launch_builder(&self.f.silu_mul);
+                b.arg(&g).arg(&u).arg(&mut act).arg(&n);
+                unsafe { b.launch(blocks(t * im)) }.map_err(dev_err)?;
+            }
+            self.gemm(&act, &layer.down, t, &mut delta)?;
+            self.add(&mut x, &delta, t * h)?;
+        }
+        st.pos += t;
+        if wanted.is_empty() {
+            s.synchronize().map_err(dev_err)?;
+            return Ok(Vec::new());
+        }
+        let rows: Vec<i32> = wanted.iter().map(|&w| w as i32).collect();
+        let rows_d = s.clone_htod(&rows).map_err(dev_err)?;
+        let mut picked = self.alloc(wanted.len() * h)?;
+        {
+            let hi = h as i32;
+            let mut b = s.launch_builder(&self.f.gather_rows);
+            b.arg(&x).arg(&rows_d).arg(&mut picked).arg(&hi);
+            unsafe { b.launch(grid(wanted.len(), 256)) }.map_err(dev_err)?;
+        }
+        let mut normed = self.alloc(wanted.len() * h)?;
+        self.rms_norm(
+            &picked,
+            &self.final_norm,
+            &mut normed,
+            wanted.len(),
+            h,
+            true,
+        )?;
+        let out = s.clone_dtoh(&normed).map_err(dev_err)?;
+        Ok(out[..wanted.len() * h].to_vec())
+    }
+}
+
+impl Backend for CudaBackend {
+    type State = CudaState;
+
+    fn hidden_size(&self) -> usize {
+        self.cfg.hidden_size
+    }
+
+    fn new_state(&self) -> CudaState {
+        let cfg = &self.cfg;
+        let s = self.dev.stream();
+        let layers = cfg
+            .layer_types
+            .iter()
+            .map(|k| match k {
+                LayerKind::Linear => LayerState::Gdn {
+                    conv: s
+                        .alloc_zeros::<f32>(3 * cfg.conv_dim())
+                        .expect("device memory for a state"),
+                    rec: s
+                        .alloc_zeros::<f32>(
+                            cfg.linear_num_value_heads
+                                * cfg.linear_key_head_dim
+                                * cfg.linear_value_head_dim,
+                        )
+                        .expect("device memory for a state"),
+                },
+                LayerKind::Full => LayerState::Attn { k: None, v: None },
+            })
+            .collect();
+        CudaState { pos: 0, layers }
+    }
+
+    fn position(&self, state: &CudaState) -> usize {
+        state.pos
+    }
+
+    fn forward(&self, rows: &mut [BatchRow<'_, CudaState>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        for r in rows.iter() {
+            if let Some(t) = r
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.cfg.vocab_size)
+            {
+                return Err(EngineError::Input(format!(
+                    "token id {t} is outside the vocabulary (0..{})",
+                    self.cfg.vocab_size
+                )));
+            }
+            if let Some(w) = r.wanted.iter().find(|&&w| w >= r.tokens.len()) {
+                return Err(EngineError::Input(format!(
+                    "wanted index {w} is outside the row's {} new tokens",
+                    r.tokens.len()
+                )));
+            }
+        }
+        // On error no state changes: each row runs on a copy that replaces the original only at the end.
+        let mut next = Vec::with_capacity(rows.len());
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows.iter() {
+            let mut st = r.state.clone();
+            out.push(self.row(&mut st, r.tokens, r.wanted)?);
+            next.push(st);
+        }
+        for (r, st) in rows.iter_mut().zip(next) {
+            *r.state = st;
+        }
+        Ok(out)
+    }
+
+    fn describe(&self) -> String {
+        let arm = match self.arm {
+            Arm::Fp32 => "fp32",
+            Arm::Bf16 => "bf16",
+        };
+        format!("{} {arm}", self.dev.describe())
+    }
+}
