@@ -6,9 +6,12 @@
 //! On a GPU machine without Rust: build with `cargo test -p kev-cuda --release --no-run`, carry the
 //! `target/release/deps/backend-*` binary, run it from the repository root (or set `KEV_FIXTURES`).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use common::device;
 use kev_cuda::Device;
 use kev_cuda::backend::CudaBackend;
 use kev_engine::{Arm, Backbone, Backend, BatchRow, CpuBackend, LoadOptions};
@@ -22,19 +25,6 @@ fn fixtures() -> PathBuf {
         built
     } else {
         PathBuf::from("fixtures")
-    }
-}
-
-fn device() -> Option<Device> {
-    match Device::open(0) {
-        Ok(d) => {
-            eprintln!("device: {}", d.describe());
-            Some(d)
-        }
-        Err(e) => {
-            eprintln!("skipped: no CUDA device here ({e})");
-            None
-        }
     }
 }
 

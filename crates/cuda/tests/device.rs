@@ -6,21 +6,11 @@
 //!   within fp32 rounding, and a rerun is bit-equal. On a GPU machine without Rust, build the test binary here
 //!   (`cargo test -p kev-cuda --release --no-run`), carry it, and run it there.
 
+mod common;
+
+use common::device;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kev_cuda::{CudaError, Device, KERNELS, compile, libraries};
-
-fn device() -> Option<Device> {
-    match Device::open(0) {
-        Ok(d) => {
-            eprintln!("device: {}", d.describe());
-            Some(d)
-        }
-        Err(e) => {
-            eprintln!("skipped: no CUDA device here ({e})");
-            None
-        }
-    }
-}
 
 /// A splitmix64 stream of floats in [-1, 1).
 fn randoms(n: usize, seed: u64) -> Vec<f32> {
@@ -65,6 +55,7 @@ fn down(d: &Device, x: &CudaSlice<f32>) -> Vec<f32> {
 #[test]
 fn kernels_compile_for_hopper_and_ampere() {
     if !libraries().nvrtc {
+        assert!(!common::required(), "{}", CudaError::NoNvrtc);
         eprintln!("skipped: {}", CudaError::NoNvrtc);
         return;
     }
