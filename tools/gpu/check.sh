@@ -5,8 +5,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-for lib in $(python3 -c 'import glob,os,nvidia; print(" ".join(sorted({os.path.dirname(p) for p in glob.glob(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "*", "lib", "lib*.so*"))})))' 2>/dev/null); do
-  LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+libs=$(python3 - <<'PY' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+dirs = {os.path.dirname(p) for r in roots for p in glob.glob(os.path.join(r, "*", "lib", "lib*.so*"))}
+print(" ".join(sorted(dirs)))
+PY
+)
+for lib in /usr/local/cuda/lib64 $libs; do
+  [ -d "$lib" ] && LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
 export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
 # A device that does not open fails the tests here instead of skipping them.
