@@ -4,10 +4,10 @@
 #
 #   bash tools/bench/llama_cpp.sh --model BASE_DIR --tokens 94,380,1518 --runs 3 --out FILE.json
 #
-# Every argument goes to llama_cpp.py (see its --help); the cache root is KEV_BENCH_CACHE (default /work/bench-cache).
+# Every argument goes to llama_cpp.py (see its --help); the cache root is KEV_BENCH_CACHE (default target/bench-cache in the repository).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${KEV_BENCH_CACHE:-/work/bench-cache}
+CACHE=${KEV_BENCH_CACHE:-$(cd "$(dirname "$0")/../.." && pwd)/target/bench-cache}
 bash "$HERE/setup.sh" llama >/dev/null
 PY=$(bash "$HERE/setup.sh" torch)
 exec "$PY" "$HERE/llama_cpp.py" --llama-dir "$CACHE/llama.cpp" --gguf-cache "$CACHE/gguf" "$@"

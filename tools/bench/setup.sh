@@ -6,7 +6,7 @@
 #   bash tools/bench/setup.sh all     # both, two lines
 #
 # Environment:
-#   KEV_BENCH_CACHE   cache root (default /work/bench-cache)
+#   KEV_BENCH_CACHE   cache root (default target/bench-cache in the repository)
 #   KEV_BENCH_PYTHON  an existing interpreter with torch, transformers, peft, safetensors (skips the ~5 GB venv)
 #   KEV_BENCH_TORCH_INDEX  an extra pip index for torch (e.g. a CPU-only wheel index); default: PyPI only
 #   KEV_BENCH_JOBS    parallel compile jobs for llama.cpp (default: nproc)
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${KEV_BENCH_CACHE:-/work/bench-cache}
+CACHE=${KEV_BENCH_CACHE:-$(cd "$(dirname "$0")/../.." && pwd)/target/bench-cache}
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 # The llama.cpp commit vendored by llama-cpp-python 0.3.36 (its CHANGELOG); recorded, not checked out.
 LLAMA_CPP_COMMIT=0c1e57098

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the `kev accept` request set (fixtures/accept/requests/) and its synthetic reference output.
 
-    /work/.venv-ref/bin/python crates/accept/tools/make_set.py            # from the repository root
+    PY crates/accept/tools/make_set.py   # from the repository root; PY = the tools/reference venv's python
 
 1. Copies a chosen subset of the reference generator's valid requests (fixtures/requests/valid, bytes as they are)
    and writes the new ones below (seeded, deterministic): option counts up to 255, long states in several scripts.

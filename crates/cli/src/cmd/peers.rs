@@ -10,7 +10,7 @@
 //! [`PeerError::Unavailable`]: the bench prints `peer unavailable: …` and goes on without it. A peer that was set up
 //! but failed or answered something unexpected is [`PeerError::Failed`].
 //!
-//! Environment: `KEV_BENCH_CACHE` (cache root, default `/work/bench-cache`), `KEV_BENCH_PYTHON` (an existing
+//! Environment: `KEV_BENCH_CACHE` (cache root, default `target/bench-cache` of the source tree), `KEV_BENCH_PYTHON` (an existing
 //! interpreter with torch, transformers, peft: skips the venv install), `KEV_BENCH_TOOLS` (the `tools/bench`
 //! directory, when the binary does not run from its source tree).
 
@@ -30,7 +30,14 @@ pub const BENCH_SEED: u64 = 0x006b_6576;
 /// Ordinary (non-special) tokens of the Qwen3.5 vocabulary: random rows draw ids below this.
 pub const ORDINARY_VOCAB: u32 = 248_044;
 /// Default cache root for peer installs, builds and converted models.
-pub const DEFAULT_CACHE: &str = "/work/bench-cache";
+/// The cache root when `KEV_BENCH_CACHE` is unset, relative to the repository root (`tools/bench/../..`).
+pub const DEFAULT_CACHE: &str = "target/bench-cache";
+
+/// The repository root of a `tools/bench` directory (its grandparent), made absolute when it can be.
+fn repo_root(tools: &std::path::Path) -> PathBuf {
+    let root = tools.join("../..");
+    root.canonicalize().unwrap_or(root)
+}
 
 /// How many of a failing peer's last stderr lines go into its error.
 const TAIL_LINES: usize = 12;
@@ -160,7 +167,7 @@ impl PeerEnv {
         })?;
         let cache = std::env::var_os("KEV_BENCH_CACHE")
             .filter(|v| !v.is_empty())
-            .map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from);
+            .map_or_else(|| repo_root(&tools).join(DEFAULT_CACHE), PathBuf::from);
         Ok(Self::new(tools, cache))
     }
 
