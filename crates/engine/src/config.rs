@@ -22,6 +22,22 @@ pub enum LayerKind {
     Full,
 }
 
+impl LayerKind {
+    /// `num_layers` layers with full attention at every `interval`-th (layers `interval − 1`, `2·interval − 1`,
+    /// …) and Gated DeltaNet elsewhere: what `full_attention_interval` means when `layer_types` is absent.
+    pub fn interleaved(num_layers: usize, interval: usize) -> Vec<LayerKind> {
+        (0..num_layers)
+            .map(|i| {
+                if (i + 1) % interval == 0 {
+                    LayerKind::Full
+                } else {
+                    LayerKind::Linear
+                }
+            })
+            .collect()
+    }
+}
+
 /// The resolved text-decoder configuration: no options, every size known.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qwen35Config {
@@ -237,15 +253,7 @@ impl Qwen35Config {
                 if interval == 0 {
                     return Err(f.err("full_attention_interval", "must be positive"));
                 }
-                (0..num_layers)
-                    .map(|i| {
-                        if (i + 1) % interval == 0 {
-                            LayerKind::Full
-                        } else {
-                            LayerKind::Linear
-                        }
-                    })
-                    .collect()
+                LayerKind::interleaved(num_layers, interval)
             }
             Some(_) => return Err(f.err("layer_types", "must be a list")),
         };
@@ -374,15 +382,7 @@ impl Qwen35Config {
             rms_norm_eps: 1e-6,
             rope_theta: 1e7,
             rotary_dim: 64,
-            layer_types: (0..32)
-                .map(|i| {
-                    if i % 4 == 3 {
-                        LayerKind::Full
-                    } else {
-                        LayerKind::Linear
-                    }
-                })
-                .collect(),
+            layer_types: LayerKind::interleaved(32, 4),
         }
     }
 

@@ -525,15 +525,7 @@ pub fn tiny_config(vocab: usize) -> Qwen35Config {
         rms_norm_eps: 1e-6,
         rope_theta: 1e7,
         rotary_dim: 8,
-        layer_types: (0..8)
-            .map(|i| {
-                if i % 4 == 3 {
-                    LayerKind::Full
-                } else {
-                    LayerKind::Linear
-                }
-            })
-            .collect(),
+        layer_types: LayerKind::interleaved(8, 4),
     }
 }
 
