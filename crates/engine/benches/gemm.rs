@@ -4,26 +4,8 @@
 
 use std::time::Instant;
 
+use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::kernels::{Arm, Kernels, PackedMatrix, bf16_bits, bf16_to_f32, gemm};
-
-/// CPU seconds used by this process so far (all threads; /proc/self/stat, 100 Hz ticks), to report a
-/// rate per CPU-second that other load on the machine distorts less than wall time does.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let tick = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (tick(11) + tick(12)) / 100.0
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -80,7 +62,7 @@ fn main() {
             let mut cpu_rates = Vec::new();
             for arm in [Arm::Fp32, Arm::Bf16] {
                 gemm(kern, arm, m, &a, lda, &packed, &mut c, n);
-                let c0 = cpu_seconds();
+                let c0 = process_cpu_seconds();
                 let t: Vec<f64> = (0..reps)
                     .map(|_| {
                         let s = Instant::now();
@@ -88,7 +70,7 @@ fn main() {
                         s.elapsed().as_secs_f64()
                     })
                     .collect();
-                cpu_rates.push(flops * reps as f64 / (cpu_seconds() - c0).max(1e-9) / 1e9);
+                cpu_rates.push(flops * reps as f64 / (process_cpu_seconds() - c0).max(1e-9) / 1e9);
                 rates.push(flops / median(t) / 1e9);
             }
             let run_crate = |c: &mut [f32]| unsafe {

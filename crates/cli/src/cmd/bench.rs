@@ -243,25 +243,6 @@ fn print_bars(bars: &[Bar]) {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// CPU seconds used by this process so far, all threads (`/proc/self/stat`, 100 Hz ticks); 0 where the
-/// platform has no procfs.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let tick = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (tick(11) + tick(12)) / 100.0
-}
-
 /// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in GiB, where the platform has one.
 fn rss_gib(field: &str) -> Option<f64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -17,6 +17,27 @@ pub struct Peak {
     pub bf16_gflops: Option<f64>,
 }
 
+/// CPU seconds used by this process so far, all threads (`/proc/self/stat`, 100 Hz ticks); 0 where the
+/// platform has no procfs. Benchmarks divide work by it as well as by wall time: a rate per CPU-second is
+/// distorted less by other load on the machine.
+pub fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the `(comm)`, which may itself hold spaces: utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (tick(11) + tick(12)) / 100.0
+}
+
 /// Run each loop for about `seconds` on every rayon thread and report the aggregate rate.
 pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
     #[cfg(target_arch = "x86_64")]

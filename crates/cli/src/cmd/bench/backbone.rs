@@ -13,12 +13,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use kev_engine::kernels::peak;
+use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::{Arm, Backbone, Kernels, Qwen35Config};
 use serde::Serialize;
 
 use super::{
-    Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, cpu_seconds, median, peer_env,
-    print_bars, rss_gib, secs, speedup, times, write_json,
+    Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, median, peer_env, print_bars, rss_gib,
+    secs, speedup, times, write_json,
 };
 use crate::cmd::peers::{self, BENCH_SEED, BackboneRun, ORDINARY_VOCAB, TorchDtype};
 use crate::model_args::ModelArgs;
@@ -191,11 +192,11 @@ pub(super) fn run(a: BackboneArgs) -> anyhow::Result<ExitCode> {
         for &arm in &arms {
             let once = || -> anyhow::Result<(f64, f64)> {
                 let mut st = model.new_state();
-                let c0 = cpu_seconds();
+                let c0 = process_cpu_seconds();
                 let t = Instant::now();
                 let h = model.forward(arm, &mut st, toks, &[n - 1])?;
                 let dt = t.elapsed().as_secs_f64();
-                let cpu = cpu_seconds() - c0;
+                let cpu = process_cpu_seconds() - c0;
                 anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
                 Ok((dt, cpu))
             };

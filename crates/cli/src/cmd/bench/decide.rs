@@ -22,6 +22,7 @@ use std::time::Instant;
 use anyhow::Context;
 use kev_decide::head::PointerHead;
 use kev_decide::{Kev, Settings};
+use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::{Arm, Backbone, CpuBackend, Kernels};
 use kev_release::head::{HEAD_JSON, KevHead, PreparedHead};
 use kev_tokenize::{KevTokenizer, Limits};
@@ -29,8 +30,8 @@ use serde::Serialize;
 
 use super::requests::{self, CaseRequest, Shape};
 use super::{
-    Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, Summary, cpu_seconds, peer_env,
-    print_bars, reset_peak_rss, rss_gib, secs, speedup, times, write_json,
+    Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, Summary, peer_env, print_bars,
+    reset_peak_rss, rss_gib, secs, speedup, times, write_json,
 };
 use crate::cmd::peers::{self, DecideRun, TorchDtype};
 use crate::loading::default_cache_bytes;
@@ -573,11 +574,11 @@ fn time_case(
     let mut cpu = Vec::with_capacity(reps);
     let mut probabilities = Vec::new();
     for _ in 0..reps {
-        let c0 = cpu_seconds();
+        let c0 = process_cpu_seconds();
         let t = Instant::now();
         probabilities = decide_once(kev, body).with_context(|| format!("{case} {}", arm.name()))?;
         samples.push(t.elapsed().as_secs_f64());
-        cpu.push(cpu_seconds() - c0);
+        cpu.push(process_cpu_seconds() - c0);
     }
     let after = kev.stats();
     anyhow::ensure!(
