@@ -202,23 +202,7 @@ impl Loader<'_> {
     }
 
     fn f32(&self, short: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
-        let v = self.view(short, shape)?;
-        match v.dtype {
-            Dtype::BF16 => Ok(v
-                .data
-                .chunks_exact(2)
-                .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
-                .collect()),
-            Dtype::F32 => Ok(v
-                .data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()),
-            other => Err(EngineError::Tensor {
-                name: v.name.to_string(),
-                reason: format!("dtype {}, expected BF16 or F32", other.name()),
-            }),
-        }
+        kev_engine::lora::to_f32(&self.view(short, shape)?)
     }
 }
 

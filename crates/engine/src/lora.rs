@@ -107,7 +107,7 @@ impl LoraAdapter {
 }
 
 /// A BF16 or F32 tensor widened to f32.
-pub(crate) fn to_f32(v: &TensorView<'_>) -> Result<Vec<f32>, EngineError> {
+pub fn to_f32(v: &TensorView<'_>) -> Result<Vec<f32>, EngineError> {
     if let Some(size) = v.dtype.size()
         && v.data.len() != v.numel() * size
     {
