@@ -10,6 +10,8 @@
 #   KEV_BENCH_PYTHON  an existing interpreter with torch, transformers, peft, safetensors (skips the ~5 GB venv)
 #   KEV_BENCH_TORCH_INDEX  an extra pip index for torch (e.g. a CPU-only wheel index); default: PyPI only
 #   KEV_BENCH_JOBS    parallel compile jobs for llama.cpp (default: nproc)
+#   KEV_BENCH_LLAMA_ISA  `native` (default: -DGGML_NATIVE=ON) or `avx2` (AVX2 + FMA + F16C, no AVX-512: what
+#                     llama.cpp runs on an AVX2-only CPU; built into a separate llama.cpp-avx2/ cache dir)
 #
 # Progress goes to stderr; stdout carries only the answer lines, so callers can capture them.
 set -euo pipefail
@@ -84,7 +86,18 @@ tools_venv() {
 }
 
 setup_llama() {
-    local root="$CACHE/llama.cpp" bin="$CACHE/llama.cpp/build/bin"
+    local isa=${KEV_BENCH_LLAMA_ISA:-native} suffix="" isa_flags=(-DGGML_NATIVE=ON)
+    case "$isa" in
+    native) ;;
+    avx2)
+        suffix="-avx2"
+        isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+            -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+            -DGGML_AVX_VNNI=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF)
+        ;;
+    *) die "KEV_BENCH_LLAMA_ISA=$isa: expected native or avx2" ;;
+    esac
+    local root="$CACHE/llama.cpp$suffix" bin="$CACHE/llama.cpp$suffix/build/bin"
     local stamp="$root/build.ok"
     if [[ -f "$stamp" && -x "$bin/llama-bench" ]]; then
         echo "$bin"
@@ -112,14 +125,14 @@ setup_llama() {
     fi
     local jobs=${KEV_BENCH_JOBS:-$(nproc)}
     log "building llama-bench and test-backend-ops from llama.cpp@$LLAMA_CPP_COMMIT with -j$jobs (~4 min on 2 cores)"
-    "$tools/bin/cmake" -S "$src" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    "$tools/bin/cmake" -S "$src" -B "$root/build" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >&2 || die "cmake configure failed"
     "$tools/bin/cmake" --build "$root/build" -j "$jobs" --target llama-bench test-backend-ops >&2 ||
         die "cmake build failed"
     [[ -x "$bin/llama-bench" ]] || die "the build produced no $bin/llama-bench"
     {
-        echo "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (vendored llama.cpp $LLAMA_CPP_COMMIT)"
+        echo "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (vendored llama.cpp $LLAMA_CPP_COMMIT), isa $isa"
         echo "src $src"
         "$bin/llama-bench" --help 2>/dev/null | head -n 1 || true
     } >"$stamp"

@@ -1,10 +1,13 @@
 //! Gated full attention, fast path: per-head q/k RMSNorm (`x·(1+w)`), partial NeoX RoPE, the key/value
 //! cache, causal softmax in f32 and the sigmoid output gate (qwen35-arch §5).
 //!
-//! Scores and the weighted sum are matrix products over blocks of 64 queries of one head. A query's
-//! softmax runs only over the keys it may see; the masked tail of its row is zero, and adding `0·v` leaves
-//! an f32 sum unchanged, so a query's result does not depend on which other queries share its block:
-//! a continuation from a cached prefix reproduces the one-pass result bit for bit.
+//! Tiled ("flash") attention: for a block of 64 queries of one head, key tiles of 64 positions go through
+//! a score product, an online softmax (running max and sum per query) and a weighted-sum product, so
+//! memory per task stays a few tiles whatever the state length, and every product runs on the vector
+//! kernels. Tasks are (head, query block) pairs on all threads. A query's softmax runs only over the
+//! keys it may see; the masked part of its tile is zero, and adding `0·v` leaves an f32 sum unchanged, so
+//! a query's result does not depend on which other queries share its block: a continuation from a cached
+//! prefix reproduces the one-pass result bit for bit.
 
 use std::sync::Arc;
 
@@ -120,38 +123,57 @@ pub(crate) fn run(
 
     // Per kv head, every position so far, laid out as the products below read them: Kᵀ in panels of 64
     // positions (`[n/64][hd][64]`) and V in panels of 64 dims (`[hd/64][n][64]`), both dense, so the
-    // score and weighted-sum products stream them without copies.
+    // score and weighted-sum products stream them without copies. One task per (kv head, 64 positions).
     if ws.kv.len() < nkv {
         ws.kv.resize_with(nkv, Default::default);
     }
     let (kpan, vpan) = (n.div_ceil(64), hd.div_ceil(64));
     let cache: &KvCache = kv;
-    ws.kv[..nkv]
-        .par_iter_mut()
-        .enumerate()
-        .for_each(|(g, (kt, vt))| {
+    // Where each segment starts, so a panel finds its positions without walking the list.
+    let mut starts = Vec::with_capacity(cache.segs.len());
+    let mut acc = 0;
+    for seg in &cache.segs {
+        starts.push(acc);
+        acc += seg.len;
+    }
+    let panels: Vec<(SendPtr<f32>, SendPtr<f32>)> = ws.kv[..nkv]
+        .iter_mut()
+        .map(|(kt, vt)| {
             let kt = grow(kt, kpan * hd * 64);
             let vt = grow(vt, vpan * n * 64);
-            kt.fill(0.0);
-            vt.fill(0.0);
-            let mut t = 0;
-            for seg in &cache.segs {
-                for i in 0..seg.len {
-                    let src = (i * nkv + g) * hd;
-                    let (kr, vr) = (&seg.k[src..src + hd], &seg.v[src..src + hd]);
-                    let kbase = (t / 64) * hd * 64 + t % 64;
-                    for (d, x) in kr.iter().enumerate() {
-                        kt[kbase + d * 64] = *x;
-                    }
-                    for (d, x) in vr.iter().enumerate() {
-                        vt[((d / 64) * n + t) * 64 + d % 64] = *x;
-                    }
-                    t += 1;
+            (SendPtr(kt.as_mut_ptr()), SendPtr(vt.as_mut_ptr()))
+        })
+        .collect();
+    (0..nkv * kpan).into_par_iter().for_each(|task| {
+        let (g, p) = (task / kpan, task % kpan);
+        let (kt, vt) = (panels[g].0, panels[g].1);
+        let mut si = starts.partition_point(|s| *s <= 64 * p) - 1;
+        for pos in 64 * p..(64 * p + 64).min(n) {
+            while pos >= starts[si] + cache.segs[si].len {
+                si += 1;
+            }
+            let (seg, i) = (&cache.segs[si], pos - starts[si]);
+            let src = (i * nkv + g) * hd;
+            let (kr, vr) = (&seg.k[src..src + hd], &seg.v[src..src + hd]);
+            let kbase = p * hd * 64 + pos % 64;
+            // SAFETY: panel p of head g owns Kᵀ columns 64p.. of its panel and V rows 64p..64p+64 of
+            // every dim block: disjoint across tasks, inside the buffers grown above.
+            unsafe {
+                for (d, x) in kr.iter().enumerate() {
+                    *kt.get().add(kbase + d * 64) = *x;
+                }
+                for (d, x) in vr.iter().enumerate() {
+                    *vt.get().add(((d / 64) * n + pos) * 64 + d % 64) = *x;
                 }
             }
-        });
+        }
+    });
     let per = &ws.kv[..nkv];
 
+    // Flash-style: per (head, block of 64 queries), key tiles of 64 positions with an online softmax
+    // (running max and sum, output rescaled when the max grows). Tiles are cut at absolute key
+    // positions and a query skips the tiles it cannot see, so a query's arithmetic does not depend on
+    // which queries share its block, nor on a prefix having been cached: continuations stay bit-equal.
     let scale = (hd as f32).powf(-0.5);
     let group = nh / nkv;
     let blocks = t.div_ceil(QB);
@@ -163,10 +185,16 @@ pub(crate) fn run(
         let i0 = b * QB;
         let rows = (t - i0).min(QB);
         let nb = pos0 + i0 + rows; // keys visible to the block's last query
-        with_tls(rows * nb + rows * hd + hd, |buf| {
-            let (sc, rest) = buf.split_at_mut(rows * nb);
-            let (o, gate) = rest.split_at_mut(rows * hd);
+        with_tls(rows * 64 + rows * hd + hd + 2 * rows, |buf| {
+            let (sc, rest) = buf.split_at_mut(rows * 64);
+            let (o, rest) = rest.split_at_mut(rows * hd);
+            let (gate, rest) = rest.split_at_mut(hd);
+            let (mx, sum) = rest.split_at_mut(rows);
+            o.fill(0.0);
+            mx.fill(f32::NEG_INFINITY);
+            sum.fill(0.0);
             for p in 0..nb.div_ceil(64) {
+                let cols = (nb - p * 64).min(64);
                 matmul(
                     kern,
                     Mat {
@@ -178,50 +206,62 @@ pub(crate) fn run(
                     Mat {
                         data: &kt[p * hd * 64..(p + 1) * hd * 64],
                         rows: hd,
-                        cols: (nb - p * 64).min(64),
+                        cols,
                         ld: 64,
                     },
-                    &mut sc[p * 64..],
-                    nb,
+                    sc,
+                    64,
                     false,
                 );
-            }
-            for r in 0..rows {
-                let valid = pos0 + i0 + r + 1;
-                let srow = &mut sc[r * nb..(r + 1) * nb];
-                let mut mx = f32::NEG_INFINITY;
-                for x in srow[..valid].iter_mut() {
-                    *x *= scale;
-                    mx = mx.max(*x);
+                for r in 0..rows {
+                    let valid = (pos0 + i0 + r + 1).saturating_sub(p * 64).min(cols);
+                    let srow = &mut sc[r * 64..r * 64 + cols];
+                    if valid == 0 {
+                        // Keys this query cannot see: no weight, no rescale.
+                        srow.fill(0.0);
+                        continue;
+                    }
+                    let m_new = math::scaled_max(kern, &srow[..valid], scale).max(mx[r]);
+                    let l = math::exp_scaled_shifted(kern, &mut srow[..valid], scale, m_new);
+                    srow[valid..].fill(0.0);
+                    if m_new > mx[r] {
+                        let alpha = if mx[r] == f32::NEG_INFINITY {
+                            0.0
+                        } else {
+                            (mx[r] - m_new).exp()
+                        };
+                        sum[r] *= alpha;
+                        for x in o[r * hd..(r + 1) * hd].iter_mut() {
+                            *x *= alpha;
+                        }
+                        mx[r] = m_new;
+                    }
+                    sum[r] += l;
                 }
-                for x in srow[..valid].iter_mut() {
-                    *x -= mx;
+                for cb in 0..vpan {
+                    matmul(
+                        kern,
+                        Mat {
+                            data: sc,
+                            rows,
+                            cols,
+                            ld: 64,
+                        },
+                        Mat {
+                            data: &vt[(cb * n + p * 64) * 64..(cb * n + p * 64 + cols) * 64],
+                            rows: cols,
+                            cols: (hd - cb * 64).min(64),
+                            ld: 64,
+                        },
+                        &mut o[cb * 64..],
+                        hd,
+                        true,
+                    );
                 }
-                math::exp_inplace(kern, &mut srow[..valid]);
-                let sum: f32 = srow[..valid].iter().sum();
-                let inv = 1.0 / sum;
-                for x in srow[..valid].iter_mut() {
-                    *x *= inv;
-                }
-                srow[valid..].fill(0.0);
-            }
-            for cb in 0..vpan {
-                matmul(
-                    kern,
-                    Mat::new(sc, rows, nb),
-                    Mat {
-                        data: &vt[cb * n * 64..cb * n * 64 + nb * 64],
-                        rows: nb,
-                        cols: (hd - cb * 64).min(64),
-                        ld: 64,
-                    },
-                    &mut o[cb * 64..],
-                    hd,
-                    false,
-                );
             }
             for r in 0..rows {
                 let i = i0 + r;
+                let inv = 1.0 / sum[r];
                 gate.copy_from_slice(&proj[i * ldp + 2 * hd * h + hd..i * ldp + 2 * hd * (h + 1)]);
                 math::sigmoid_inplace(kern, gate);
                 let off = i * ldc + h * hd;
@@ -234,7 +274,7 @@ pub(crate) fn run(
                     .zip(&o[r * hd..(r + 1) * hd])
                     .zip(gate.iter())
                 {
-                    *d = x * gt;
+                    *d = (x * inv) * gt;
                 }
             }
         });

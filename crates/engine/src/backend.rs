@@ -77,6 +77,6 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
-        format!("cpu {:?} {}", self.model.kernels().isa(), self.arm.name())
+        format!("cpu {} {}", self.model.kernels().isa(), self.arm.name())
     }
 }

@@ -259,7 +259,7 @@ fn delta_rule_head(
 }
 
 /// The chunk loop of [`delta_rule_head`] on caller-provided buffers. The element-wise loops inside
-/// (scaling, forward substitution) vectorise with AVX-512 where the CPU has it; they are plain loops
+/// (scaling, forward substitution) vectorise to the kernels' instruction set (AVX2 or AVX-512); they are plain loops
 /// without reassociation, so the results are the same either way.
 #[allow(clippy::too_many_arguments)]
 fn chunks(
@@ -275,12 +275,13 @@ fn chunks(
     bufs: [&mut [f32]; 13],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
+    {
+        use crate::kernels::Isa;
         /// # Safety
         /// AVX-512F must be available.
-        #[target_feature(enable = "avx512f")]
+        #[target_feature(enable = "avx512f,avx2,fma")]
         #[allow(clippy::too_many_arguments)]
-        unsafe fn wide(
+        unsafe fn zmm(
             kern: Kernels,
             q: &[f32],
             k: &[f32],
@@ -294,8 +295,33 @@ fn chunks(
         ) {
             chunks_impl(kern, q, k, v, beta, g, dk, s, o, bufs)
         }
-        // SAFETY: AVX-512F checked.
-        return unsafe { wide(kern, q, k, v, beta, g, dk, s, o, bufs) };
+        /// # Safety
+        /// AVX2 and FMA must be available.
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn ymm(
+            kern: Kernels,
+            q: &[f32],
+            k: &[f32],
+            v: Mat<'_>,
+            beta: &[f32],
+            g: &[f32],
+            dk: usize,
+            s: &mut [f32],
+            o: &mut [f32],
+            bufs: [&mut [f32]; 13],
+        ) {
+            chunks_impl(kern, q, k, v, beta, g, dk, s, o, bufs)
+        }
+        match kern.isa() {
+            // SAFETY: the kernels' instruction set is one this CPU has.
+            Isa::Avx512 | Isa::Avx512Bf16 => {
+                return unsafe { zmm(kern, q, k, v, beta, g, dk, s, o, bufs) };
+            }
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { ymm(kern, q, k, v, beta, g, dk, s, o, bufs) },
+            _ => {}
+        }
     }
     chunks_impl(kern, q, k, v, beta, g, dk, s, o, bufs)
 }
@@ -567,7 +593,7 @@ mod tests {
 
     #[test]
     fn chunked_matches_recurrent() {
-        for kern in [Kernels::portable(), Kernels::detect()] {
+        for kern in Kernels::available() {
             for (t, dk, dv) in [(150, 16, 24), (64, 8, 8), (7, 32, 16), (200, 128, 128)] {
                 let mut seed = 7;
                 let mut q = rand_vec(t * dk, &mut seed, 1.0);

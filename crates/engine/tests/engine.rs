@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use kev_engine::kernels::Isa;
 use kev_engine::reference::Reference;
 use kev_engine::synth::{SynthOptions, tiny_config, write_release};
 use kev_engine::{Arm, Backbone, BatchRow, Kernels, LoadOptions, Qwen35Config, State};
@@ -61,10 +60,7 @@ fn write(dir: &Path, c: &Qwen35Config, f32_weights: bool) {
 }
 
 fn kernel_sets() -> Vec<Kernels> {
-    [Isa::Portable, Isa::Avx512, Isa::Avx512Bf16]
-        .into_iter()
-        .filter_map(Kernels::with_isa)
-        .collect()
+    Kernels::available()
 }
 
 #[test]
@@ -113,11 +109,15 @@ fn fast_matches_reference() {
 }
 
 fn load(dir: &Path, adapter: bool) -> Backbone {
+    load_on(dir, adapter, None)
+}
+
+fn load_on(dir: &Path, adapter: bool, kernels: Option<Kernels>) -> Backbone {
     Backbone::load(
         &dir.join("base"),
         &LoadOptions {
             adapter: adapter.then(|| dir.join("kev")),
-            kernels: None,
+            kernels,
             merge_adapter: false,
         },
     )
@@ -153,7 +153,13 @@ fn prefix_then_continuation_equals_one_pass() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg();
     write(dir.path(), &c, false);
-    let m = load(dir.path(), true);
+    for kern in kernel_sets() {
+        prefix_then_continuation_on(dir.path(), &c, kern);
+    }
+}
+
+fn prefix_then_continuation_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
+    let m = load_on(dir, true, Some(kern));
     let h = c.hidden_size;
     let toks = tokens(200, c.vocab_size, 9);
     let all: Vec<usize> = (0..toks.len()).collect();
@@ -174,7 +180,7 @@ fn prefix_then_continuation_equals_one_pass() {
             assert_eq!(s.position(), toks.len());
             assert_eq!(snap.position(), split, "a snapshot does not move");
             if split % 64 == 0 {
-                assert!(got == one, "{arm:?} split {split}: not bit-equal");
+                assert!(got == one, "{kern:?} {arm:?} split {split}: not bit-equal");
             } else {
                 let e = rel_err(&got, &one, h);
                 if arm == Arm::Fp32 {
@@ -188,7 +194,10 @@ fn prefix_then_continuation_equals_one_pass() {
             }
         }
     }
-    eprintln!("fp32 unaligned split vs one pass: worst {worst_unaligned:.2e}");
+    eprintln!(
+        "{}: fp32 unaligned split vs one pass: worst {worst_unaligned:.2e}",
+        kern.isa()
+    );
     let mut s = m.new_state();
     let one = r.forward(&mut s, &toks, &all).unwrap();
     let mut s = m.new_state();
@@ -255,7 +264,13 @@ fn batched_rows_equal_rows_run_alone() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg();
     write(dir.path(), &c, false);
-    let m = load(dir.path(), true);
+    for kern in kernel_sets() {
+        batched_rows_on(dir.path(), &c, kern);
+    }
+}
+
+fn batched_rows_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
+    let m = load_on(dir, true, Some(kern));
     let mut s64 = m.new_state();
     m.forward(Arm::Fp32, &mut s64, &tokens(64, c.vocab_size, 1), &[])
         .unwrap();
@@ -290,7 +305,7 @@ fn batched_rows_equal_rows_run_alone() {
         let got = m.forward_batch(arm, &mut batch).unwrap();
         assert!(
             got == alone,
-            "{arm:?}: batched rows differ from rows run alone"
+            "{kern:?} {arm:?}: batched rows differ from rows run alone"
         );
         // The states the batch left behind continue exactly like the ones run alone.
         let next = tokens(9, c.vocab_size, 77);
@@ -299,6 +314,39 @@ fn batched_rows_equal_rows_run_alone() {
             let x = m.forward(arm, s_b, &next, &[8]).unwrap();
             let y = m.forward(arm, s_a, &next, &[8]).unwrap();
             assert!(x == y);
+        }
+    }
+}
+
+/// A row's bits do not depend on how many threads compute it, on any instruction set.
+#[test]
+fn rows_do_not_depend_on_the_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg();
+    write(dir.path(), &c, false);
+    let toks = tokens(150, c.vocab_size, 31);
+    let wanted: Vec<usize> = (0..toks.len()).collect();
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let three = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    for kern in kernel_sets() {
+        let m = load_on(dir.path(), true, Some(kern));
+        for arm in [Arm::Fp32, Arm::Bf16] {
+            let run = |pool: &rayon::ThreadPool| {
+                pool.install(|| {
+                    let mut s = m.new_state();
+                    m.forward(arm, &mut s, &toks, &wanted).unwrap()
+                })
+            };
+            assert!(
+                run(&one) == run(&three),
+                "{kern:?} {arm:?}: 1 vs 3 threads differ"
+            );
         }
     }
 }

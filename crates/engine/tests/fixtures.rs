@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kev_engine::{Arm, Backbone, LoadOptions};
+use kev_engine::{Arm, Backbone, Kernels, LoadOptions};
 use kev_release::shards::TensorStore;
 use serde_json::Value;
 
@@ -77,22 +77,33 @@ fn rel_err(a: &[f32], b: &[f32], h: usize) -> f32 {
         .fold(0f32, f32::max)
 }
 
-fn exact_model() -> Backbone {
+fn exact_model_on(kernels: Option<Kernels>) -> Backbone {
     let fx = fixtures();
     Backbone::load(
         &fx.join("release/base"),
         &LoadOptions {
             adapter: Some(fx.join("release/kev")),
-            kernels: None,
+            kernels,
             merge_adapter: false,
         },
     )
     .unwrap()
 }
 
+fn exact_model() -> Backbone {
+    exact_model_on(None)
+}
+
+/// The fp32 bar holds on every instruction set this CPU has (each runs its own kernels).
 #[test]
 fn exact_fp32_matches_reference_hidden_states() {
-    let m = exact_model();
+    for kern in Kernels::available() {
+        exact_fp32_on(kern);
+    }
+}
+
+fn exact_fp32_on(kern: Kernels) {
+    let m = exact_model_on(Some(kern));
     let h = m.config().hidden_size;
     let rows = rows();
     assert!(!rows.is_empty(), "no fixture rows with hidden states");
@@ -113,7 +124,8 @@ fn exact_fp32_matches_reference_hidden_states() {
         }
     }
     eprintln!(
-        "{} rows; fp32 worst {:.2e} ({}); bf16 worst {:.2e} ({})",
+        "{}: {} rows; fp32 worst {:.2e} ({}); bf16 worst {:.2e} ({})",
+        kern.isa(),
         rows.len(),
         worst.0,
         worst.1,
@@ -122,7 +134,8 @@ fn exact_fp32_matches_reference_hidden_states() {
     );
     assert!(
         worst.0 <= 1e-4,
-        "fp32 worst relative error {} at {}",
+        "{}: fp32 worst relative error {} at {}",
+        kern.isa(),
         worst.0,
         worst.1
     );

@@ -262,7 +262,10 @@ fn reset_peak_rss() -> bool {
 struct Machine {
     cpu: String,
     threads: usize,
+    /// The kernels' instruction set (`KEV_ISA` caps it).
     isa: String,
+    /// The CPU's vector-relevant flags (`/proc/cpuinfo`): which instruction sets the machine has.
+    cpu_flags: Vec<String>,
     /// `/proc/loadavg`'s 1-, 5- and 15-minute load averages when the bench started.
     load_at_start: Option<[f64; 3]>,
     /// The same when it finished.
@@ -276,10 +279,11 @@ impl Machine {
     fn headline(&self) -> String {
         let load = |l: Option<[f64; 3]>| l.map_or("?".into(), |l| format!("{:.2}", l[0]));
         format!(
-            "{} ({} threads, {}), {} UTC, load average {} → {}",
+            "{} ({} threads, kernels {}; CPU has {}), {} UTC, load average {} → {}",
             self.cpu,
             self.threads,
             self.isa,
+            self.cpu_flags.join(" "),
             self.started_utc,
             load(self.load_at_start),
             load(self.load_at_end),
@@ -287,8 +291,23 @@ impl Machine {
     }
 
     fn now(isa: String) -> Self {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_flags = info
+            .lines()
+            .find(|l| l.starts_with("flags") || l.starts_with("Features"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|f| {
+                f.split_whitespace()
+                    .filter(|f| {
+                        ["avx", "fma", "f16c", "amx", "asimd", "sve", "bf16", "i8mm", "dotprod"]
+                            .iter()
+                            .any(|k| f.contains(k))
+                    })
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cpu = Some(info)
             .and_then(|s| {
                 s.lines()
                     .find(|l| l.starts_with("model name"))
@@ -300,6 +319,7 @@ impl Machine {
             cpu,
             threads: kev_engine::kernels::threads(),
             isa,
+            cpu_flags,
             load_at_start: load_average(),
             load_at_end: None,
             started_utc: utc_now(),

@@ -24,6 +24,7 @@ use rayon::prelude::*;
 
 use super::buf::AlignedBuf;
 use super::pack::{NR, PackedMatrix, Store};
+use super::simd::{Kernel, Simd, dispatch};
 use super::{Arm, Kernels, SendPtr, bf16_bits};
 
 /// Rows per microkernel call.
@@ -108,84 +109,129 @@ fn gemm_f32(
     c: &mut [f32],
     ldc: usize,
 ) {
-    let (n, k, kp) = (w.n(), w.k(), w.kp());
     let cp = SendPtr(c.as_mut_ptr());
-    let ap = a.as_ptr() as usize;
-    // The weight block of panel `p` starting at input `kb` (`kc` inputs), as bytes for prefetching.
-    let block = |p: usize, kb: usize| -> &[u8] {
-        if p >= w.panels() {
-            return &[];
-        }
-        let kc = (k - kb).min(KC_F32);
-        match w.store() {
-            Store::Bf16(d) => {
-                let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
-                as_bytes(&d[off..off + kc.div_ceil(2) * NR * 2])
-            }
-            Store::F32(d) => {
-                let off = p * 2 * kp * NR + kb * NR;
-                as_bytes(&d[off..off + kc * NR])
-            }
-        }
-    };
+    let ap = SendPtr(a.as_ptr() as *mut f32);
+    // Each task computes whole panels (disjoint columns of C); the instruction set is entered per
+    // panel, inside the task, because rayon's closures are not compiled for it.
     (0..w.panels()).into_par_iter().for_each_init(
         || AlignedBuf::<f32>::zeroed(KC_F32 * NR),
         |buf, p| {
-            let ncols = (n - p * NR).min(NR);
-            let mut mc0 = 0;
-            while mc0 < m {
-                let mc1 = (mc0 + MC).min(m);
-                let mut kb = 0;
-                while kb < k {
-                    let kc = (k - kb).min(KC_F32);
-                    let bptr: *const f32 = match w.store() {
-                        Store::Bf16(d) => {
-                            let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
-                            let pairs = kc.div_ceil(2);
-                            widen(
-                                kern,
-                                &d[off..off + pairs * NR * 2],
-                                &mut buf[..pairs * 2 * NR],
-                            );
-                            buf.as_ptr()
-                        }
-                        Store::F32(d) => d[p * 2 * kp * NR + kb * NR..].as_ptr(),
-                    };
-                    // The block used after this one: next inputs, else the next row block of this
-                    // panel, else the next panel.
-                    let next = if kb + kc < k {
-                        block(p, kb + kc)
-                    } else if mc1 < m {
-                        block(p, 0)
-                    } else {
-                        block(p + 1, 0)
-                    };
-                    let groups = (mc1 - mc0).div_ceil(MR);
-                    let mut i0 = mc0;
-                    while i0 < mc1 {
-                        prefetch_share(next, (i0 - mc0) / MR, groups);
-                        let rows = (mc1 - i0).min(MR);
-                        let mut arows = [std::ptr::null::<f32>(); MR];
-                        for (r, x) in arows.iter_mut().enumerate() {
-                            // Rows past the block repeat its last row (computed, never stored).
-                            *x = (ap as *const f32).wrapping_add((i0 + r.min(rows - 1)) * lda + kb);
-                        }
-                        // SAFETY: `arows[r]` points at `kc` valid inputs of a row of `a` (asserted in
-                        // `gemm`), `bptr` at `kc · NR` f32 of this panel block, and the C block at
-                        // `rows` rows of `ncols ≤ NR` columns inside `c`; panels are disjoint in
-                        // columns, so no two tasks write the same element.
-                        unsafe {
-                            let cblk = cp.get().add(i0 * ldc + p * NR);
-                            ukr_f32(kern, kc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0);
-                        }
-                        i0 += MR;
-                    }
-                    kb += kc;
-                }
-                mc0 = mc1;
-            }
+            dispatch(
+                kern,
+                PanelF32 {
+                    w,
+                    p,
+                    m,
+                    a: ap.get(),
+                    lda,
+                    c: cp.get(),
+                    ldc,
+                    buf: &mut buf[..],
+                },
+            )
         },
     );
+}
+
+/// One 64-output panel of the fp32 arm: `C[.., p·NR..] = A · W_pᵀ`. `a` and `c` are the extents checked
+/// by [`gemm`]; `buf` holds `KC_F32 · NR` f32.
+struct PanelF32<'a> {
+    w: &'a PackedMatrix,
+    p: usize,
+    m: usize,
+    a: *const f32,
+    lda: usize,
+    c: *mut f32,
+    ldc: usize,
+    buf: &'a mut [f32],
+}
+
+impl Kernel for PanelF32<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let PanelF32 {
+            w,
+            p,
+            m,
+            a,
+            lda,
+            c,
+            ldc,
+            buf,
+        } = self;
+        let (n, k, kp) = (w.n(), w.k(), w.kp());
+        let ncols = (n - p * NR).min(NR);
+        // The weight block of panel `p` starting at input `kb` (`kc` inputs), as bytes for prefetching.
+        let block = |p: usize, kb: usize| -> &[u8] {
+            if p >= w.panels() {
+                return &[];
+            }
+            let kc = (k - kb).min(KC_F32);
+            match w.store() {
+                Store::Bf16(d) => {
+                    let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
+                    as_bytes(&d[off..off + kc.div_ceil(2) * NR * 2])
+                }
+                Store::F32(d) => {
+                    let off = p * 2 * kp * NR + kb * NR;
+                    as_bytes(&d[off..off + kc * NR])
+                }
+            }
+        };
+        let mut mc0 = 0;
+        while mc0 < m {
+            let mc1 = (mc0 + MC).min(m);
+            let mut kb = 0;
+            while kb < k {
+                let kc = (k - kb).min(KC_F32);
+                let bptr: *const f32 = match w.store() {
+                    Store::Bf16(d) => {
+                        let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
+                        let pairs = kc.div_ceil(2);
+                        widen::<S>(&d[off..off + pairs * NR * 2], &mut buf[..pairs * 2 * NR]);
+                        buf.as_ptr()
+                    }
+                    Store::F32(d) => d[p * 2 * kp * NR + kb * NR..].as_ptr(),
+                };
+                // The block used after this one: next inputs, else the next row block of this
+                // panel, else the next panel.
+                let next = if kb + kc < k {
+                    block(p, kb + kc)
+                } else if mc1 < m {
+                    block(p, 0)
+                } else {
+                    block(p + 1, 0)
+                };
+                let groups = (mc1 - mc0).div_ceil(MR);
+                let mut i0 = mc0;
+                while i0 < mc1 {
+                    prefetch_share(next, (i0 - mc0) / MR, groups);
+                    let rows = (mc1 - i0).min(MR);
+                    let mut arows = [std::ptr::null::<f32>(); MR];
+                    for (r, x) in arows.iter_mut().enumerate() {
+                        // Rows past the block repeat its last row (computed, never stored).
+                        *x = a.wrapping_add((i0 + r.min(rows - 1)) * lda + kb);
+                    }
+                    // SAFETY: `arows[r]` points at `kc` valid inputs of a row of `a` (asserted in
+                    // `gemm`), `bptr` at `kc · NR` f32 of this panel block, and the C block at
+                    // `rows` rows of `ncols ≤ NR` columns inside `c`; panels are disjoint in
+                    // columns, so no two tasks write the same element.
+                    unsafe {
+                        let cblk = c.add(i0 * ldc + p * NR);
+                        if S::WIDE_TILE >= 4 {
+                            ukr_f32::<S, 4>(kc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0);
+                        } else {
+                            ukr_f32::<S, 2>(kc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0);
+                        }
+                    }
+                    i0 += MR;
+                }
+                kb += kc;
+            }
+            mc0 = mc1;
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -282,19 +328,23 @@ fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
     let _ = (next, gi, groups);
 }
 
-fn widen(kern: Kernels, src: &[u16], dst: &mut [f32]) {
-    debug_assert_eq!(src.len(), dst.len());
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        // SAFETY: AVX-512F checked; `src` holds `len/(2·NR)` pair rows and `dst` the same count of f32.
-        unsafe { super::x86::widen_chunk(src.len() / (2 * NR), src.as_ptr(), dst.as_mut_ptr()) };
-        return;
-    }
-    let _ = kern;
-    for (kk, pair) in src.chunks_exact(2 * NR).enumerate() {
-        for j in 0..NR {
-            dst[2 * kk * NR + j] = super::bf16_to_f32(pair[2 * j]);
-            dst[(2 * kk + 1) * NR + j] = super::bf16_to_f32(pair[2 * j + 1]);
+/// Widen a BF16 panel chunk `[kp][NR][2]` into f32 `[2·kp][NR]` (exact: a shift or a mask per vector).
+#[inline(always)]
+fn widen<S: Simd>(src: &[u16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    let pairs = src.len() / (2 * NR);
+    let (s, d) = (src.as_ptr() as *const u32, dst.as_mut_ptr());
+    // SAFETY: pair row `kk` is `NR` u32 of `src` and fills rows `2kk`, `2kk + 1` of `dst` (`NR` f32
+    // each); NR is a multiple of every LANES.
+    unsafe {
+        for kk in 0..pairs {
+            let mut j = 0;
+            while j < NR {
+                let (even, odd) = S::widen_pairs(s.add(kk * NR + j));
+                S::store(d.add(2 * kk * NR + j), even);
+                S::store(d.add((2 * kk + 1) * NR + j), odd);
+                j += S::LANES;
+            }
         }
     }
 }
@@ -314,14 +364,15 @@ fn round_pairs(kern: Kernels, src: &[f32], dst: &mut [u32]) {
     }
 }
 
-/// Dispatch the fp32 microkernel.
+/// GEMM microkernel, fp32 arm: `C[0..rows, 0..ncols] (+)= Σ_k A[k][r] · B[k][j]` over `kc` steps, in
+/// column blocks of `NV` vectors (one block of 64 on AVX-512: 24 accumulators; four of 16 on AVX2: 12).
 ///
 /// # Safety
-/// As [`super::x86::ukr_f32`]: each `a[r]` addresses `kc` f32, `b` addresses `kc · NR` f32, `c` addresses
-/// `rows` rows (stride `ldc`) of `ncols` writable f32.
+/// Each `a[r]` addresses `kc` f32 of one activation row, `b` holds `kc · NR` f32 (`[k][NR]`), `c`
+/// addresses `rows` rows of stride `ldc` with `ncols ≤ NR` writable columns.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn ukr_f32(
-    kern: Kernels,
+unsafe fn ukr_f32<S: Simd, const NV: usize>(
     kc: usize,
     a: &[*const f32; MR],
     b: *const f32,
@@ -331,36 +382,38 @@ unsafe fn ukr_f32(
     ncols: usize,
     load: bool,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        // SAFETY: forwarded from the caller; AVX-512F checked.
-        unsafe { super::x86::ukr_f32(kc, a, b, c, ldc, rows, ncols, load) };
-        return;
-    }
-    let _ = kern;
-    let mut acc = [[0f32; NR]; MR];
-    // SAFETY: forwarded from the caller.
+    // SAFETY: the caller guarantees the extents documented above.
     unsafe {
-        if load {
-            for (r, row) in acc.iter_mut().enumerate().take(rows) {
-                for (j, x) in row.iter_mut().enumerate().take(ncols) {
-                    *x = *c.add(r * ldc + j);
+        let mut j0 = 0;
+        while j0 < ncols {
+            let left = |v: usize| (ncols - j0).saturating_sub(v * S::LANES);
+            let mut acc = [[S::zero(); NV]; MR];
+            if load {
+                for (r, row) in acc.iter_mut().enumerate().take(rows) {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = S::load_part(c.add(r * ldc + j0 + v * S::LANES), left(v));
+                    }
                 }
             }
-        }
-        for kk in 0..kc {
-            let bv = std::slice::from_raw_parts(b.add(kk * NR), NR);
-            for (r, row) in acc.iter_mut().enumerate() {
-                let ar = *a[r].add(kk);
-                for (x, bj) in row.iter_mut().zip(bv) {
-                    *x += ar * bj;
+            for kk in 0..kc {
+                let bp = b.add(kk * NR + j0);
+                let mut bv = [S::zero(); NV];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    *x = S::load(bp.add(v * S::LANES));
+                }
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let ar = S::splat(*a[r].add(kk));
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = S::fma(ar, bv[v], *x);
+                    }
                 }
             }
-        }
-        for (r, row) in acc.iter().enumerate().take(rows) {
-            for (j, x) in row.iter().enumerate().take(ncols) {
-                *c.add(r * ldc + j) = *x;
+            for (r, row) in acc.iter().enumerate().take(rows) {
+                for (v, x) in row.iter().enumerate() {
+                    S::store_part(c.add(r * ldc + j0 + v * S::LANES), left(v), *x);
+                }
             }
+            j0 += NV * S::LANES;
         }
     }
 }
@@ -368,7 +421,6 @@ unsafe fn ukr_f32(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Isa;
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
@@ -378,10 +430,7 @@ mod tests {
     }
 
     fn all_kernels() -> Vec<Kernels> {
-        [Isa::Portable, Isa::Avx512, Isa::Avx512Bf16]
-            .into_iter()
-            .filter_map(Kernels::with_isa)
-            .collect()
+        Kernels::available()
     }
 
     /// Σ_k a·w in f64, and Σ_k |a·w| for the error bound.

@@ -1,44 +1,93 @@
-//! Element-wise functions on slices, vectorised where the CPU allows. The AVX-512 versions use a
-//! polynomial e^x of about 1 ulp (see `x86::exp512`); the portable ones use the standard library.
+//! Element-wise functions on slices, vectorised on every instruction set through [`Simd`]: e^x is the
+//! polynomial of [`Simd::exp`] (about 1 ulp) on the SIMD sets and the standard library's on the portable
+//! one. Also the reductions of a softmax row (max, shifted exp-sum).
 
 use super::Kernels;
+use super::simd::{Kernel, Simd, dispatch};
+
+#[derive(Clone, Copy)]
+enum Op {
+    Exp,
+    Silu,
+    Sigmoid,
+}
+
+#[inline(always)]
+unsafe fn apply<S: Simd>(op: Op, v: S::V) -> S::V {
+    // SAFETY: register arithmetic on the dispatched instruction set.
+    unsafe {
+        match op {
+            Op::Exp => S::exp(v),
+            // x / (1 + e^−x)
+            Op::Silu => S::div(v, S::add(S::splat(1.0), S::exp(S::sub(S::zero(), v)))),
+            Op::Sigmoid => S::div(
+                S::splat(1.0),
+                S::add(S::splat(1.0), S::exp(S::sub(S::zero(), v))),
+            ),
+        }
+    }
+}
+
+struct Map<'a> {
+    op: Op,
+    x: &'a mut [f32],
+}
+
+impl Kernel for Map<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let n = self.x.len();
+        let p = self.x.as_mut_ptr();
+        let mut i = 0;
+        // SAFETY: loads and stores stay inside `x` (partial tail).
+        unsafe {
+            while i < n {
+                let v = S::load_part(p.add(i), n - i);
+                S::store_part(p.add(i), n - i, apply::<S>(self.op, v));
+                i += S::LANES;
+            }
+        }
+    }
+}
 
 /// `x ← e^x`.
 pub fn exp_inplace(kern: Kernels, x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        // SAFETY: AVX-512F checked.
-        return unsafe { super::x86::exp_inplace(x) };
-    }
-    let _ = kern;
-    for v in x {
-        *v = v.exp();
-    }
+    dispatch(kern, Map { op: Op::Exp, x });
 }
 
 /// `x ← silu(x) = x · sigmoid(x)`.
 pub fn silu_inplace(kern: Kernels, x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        // SAFETY: AVX-512F checked.
-        return unsafe { super::x86::silu_inplace(x) };
-    }
-    let _ = kern;
-    for v in x {
-        *v = silu(*v);
-    }
+    dispatch(kern, Map { op: Op::Silu, x });
 }
 
 /// `x ← sigmoid(x)`.
 pub fn sigmoid_inplace(kern: Kernels, x: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        // SAFETY: AVX-512F checked.
-        return unsafe { super::x86::sigmoid_inplace(x) };
-    }
-    let _ = kern;
-    for v in x {
-        *v = sigmoid(*v);
+    dispatch(kern, Map { op: Op::Sigmoid, x });
+}
+
+struct SwiGlu<'a> {
+    g: &'a [f32],
+    u: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl Kernel for SwiGlu<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let n = self.out.len();
+        let mut i = 0;
+        // SAFETY: the three slices have length `n` (checked by `swiglu`); partial tail.
+        unsafe {
+            while i < n {
+                let g = S::load_part(self.g.as_ptr().add(i), n - i);
+                let u = S::load_part(self.u.as_ptr().add(i), n - i);
+                let s = apply::<S>(Op::Silu, g);
+                S::store_part(self.out.as_mut_ptr().add(i), n - i, S::mul(s, u));
+                i += S::LANES;
+            }
+        }
     }
 }
 
@@ -48,15 +97,81 @@ pub fn swiglu(kern: Kernels, g: &[f32], u: &[f32], out: &mut [f32]) {
         g.len() == out.len() && u.len() == out.len(),
         "swiglu: lengths differ"
     );
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        // SAFETY: AVX-512F checked; lengths equal.
-        return unsafe { super::x86::swiglu(g, u, out) };
+    dispatch(kern, SwiGlu { g, u, out });
+}
+
+struct RowMax<'a> {
+    x: &'a [f32],
+    scale: f32,
+}
+
+impl Kernel for RowMax<'_> {
+    type Out = f32;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> f32 {
+        let n = self.x.len();
+        let full = n - n % S::LANES;
+        let mut i = 0;
+        // SAFETY: whole vectors inside `x`; the tail is read as plain values.
+        unsafe {
+            let mut m = S::splat(f32::NEG_INFINITY);
+            let sc = S::splat(self.scale);
+            while i < full {
+                m = S::max(m, S::mul(S::load(self.x.as_ptr().add(i)), sc));
+                i += S::LANES;
+            }
+            let tail = self.x[full..]
+                .iter()
+                .fold(f32::NEG_INFINITY, |a, v| a.max(v * self.scale));
+            S::reduce_max(m).max(tail)
+        }
     }
-    let _ = kern;
-    for ((o, gi), ui) in out.iter_mut().zip(g).zip(u) {
-        *o = silu(*gi) * ui;
+}
+
+/// `max_i (x_i · scale)`; −∞ for an empty slice. NaN inputs are not propagated (a softmax over them is
+/// undefined either way).
+pub fn scaled_max(kern: Kernels, x: &[f32], scale: f32) -> f32 {
+    dispatch(kern, RowMax { x, scale })
+}
+
+struct ExpShift<'a> {
+    x: &'a mut [f32],
+    scale: f32,
+    shift: f32,
+}
+
+impl Kernel for ExpShift<'_> {
+    type Out = f32;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> f32 {
+        let n = self.x.len();
+        let p = self.x.as_mut_ptr();
+        let mut i = 0;
+        // SAFETY: loads and stores stay inside `x`; the sum adds only the lanes stored.
+        unsafe {
+            let (sc, sh) = (S::splat(self.scale), S::splat(self.shift));
+            let mut acc = S::zero();
+            while i < n {
+                let left = n - i;
+                let v = S::exp(S::sub(S::mul(S::load_part(p.add(i), left), sc), sh));
+                S::store_part(p.add(i), left, v);
+                if left >= S::LANES {
+                    acc = S::add(acc, v);
+                } else {
+                    // The padding lanes hold e^(0−shift): add only the real ones.
+                    acc = S::add(acc, S::load_part(p.add(i), left));
+                }
+                i += S::LANES;
+            }
+            S::reduce_add(acc)
+        }
     }
+}
+
+/// `x ← e^(x·scale − shift)`; returns the sum of the new values (lane-wise partial sums, then a fixed
+/// reduction order: deterministic for a given instruction set and length).
+pub fn exp_scaled_shifted(kern: Kernels, x: &mut [f32], scale: f32, shift: f32) -> f32 {
+    dispatch(kern, ExpShift { x, scale, shift })
 }
 
 /// Scalar silu, `x / (1 + e^−x)`.
@@ -84,7 +199,7 @@ mod tests {
     #[test]
     /// Relative accuracy of a few ulp wherever the result is above 1e-30 (tiny results may flush to 0).
     fn vector_math_matches_libm() {
-        let k = Kernels::detect();
+        for k in Kernels::available() {
         let xs: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.05).collect();
         let mut e = xs.clone();
         exp_inplace(k, &mut e);
@@ -127,5 +242,28 @@ mod tests {
         let mut nan = [f32::NAN, 1.0];
         exp_inplace(k, &mut nan);
         assert!(nan[0].is_nan());
+        }
+    }
+
+    #[test]
+    fn softmax_reductions_match_plain_loops() {
+        for k in Kernels::available() {
+            for n in [1usize, 3, 8, 16, 17, 64, 100] {
+                let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.7).collect();
+                let m = scaled_max(k, &x, 0.5);
+                let want = x.iter().fold(f32::NEG_INFINITY, |a, v| a.max(v * 0.5));
+                assert_eq!(m, want, "{k:?} {n}");
+                let mut y = x.clone();
+                let s = exp_scaled_shifted(k, &mut y, 0.5, m);
+                let mut ws = 0f64;
+                for (i, v) in x.iter().enumerate() {
+                    let e = ((v * 0.5 - m) as f64).exp();
+                    ws += e;
+                    assert!((y[i] as f64 - e).abs() <= 3e-7 * e, "{k:?} {n} {i}");
+                }
+                assert!((s as f64 - ws).abs() <= 1e-6 * ws, "{k:?} {n}: {s} vs {ws}");
+            }
+            assert_eq!(scaled_max(k, &[], 1.0), f32::NEG_INFINITY);
+        }
     }
 }

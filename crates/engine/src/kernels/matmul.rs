@@ -7,6 +7,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
+use super::simd::{Kernel, Simd, dispatch};
 use super::{Kernels, SendPtr};
 
 thread_local! {
@@ -60,71 +61,155 @@ pub fn matmul(kern: Kernels, a: Mat<'_>, b: Mat<'_>, c: &mut [f32], ldc: usize, 
         ldc >= n && c.len() >= (m - 1) * ldc + n,
         "matmul: C too short"
     );
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        if m >= 24 && b.ld >= 128 {
-            // Rows of B a power-of-two apart share L1 sets; copy each 64-column block of B into a
-            // dense `[k, 64]` buffer first (same arithmetic, same order).
-            return PACK.with(|p| {
-                let mut buf = p.take();
-                let mut j0 = 0;
-                while j0 < n {
-                    let nc = (n - j0).min(64);
-                    if buf.len() < k * 64 {
-                        buf.resize(k * 64, 0.0);
-                    }
-                    for kk in 0..k {
-                        buf[kk * 64..kk * 64 + nc]
-                            .copy_from_slice(&b.data[kk * b.ld + j0..kk * b.ld + j0 + nc]);
-                    }
-                    // SAFETY: AVX-512F checked; A and C extents asserted above, `buf` holds k rows of 64.
-                    unsafe {
-                        super::x86::matmul_f32(
-                            m,
-                            nc,
-                            k,
-                            a.data.as_ptr(),
-                            a.ld,
-                            buf.as_ptr(),
-                            64,
-                            c.as_mut_ptr().add(j0),
-                            ldc,
-                            accumulate,
-                        )
-                    };
-                    j0 += 64;
+    if kern.simd() && m >= 24 && b.ld >= 128 {
+        // Rows of B a power-of-two apart share L1 sets; copy each 64-column block of B into a dense
+        // `[k, 64]` buffer first (same arithmetic, same order).
+        return PACK.with(|p| {
+            let mut buf = p.take();
+            let mut j0 = 0;
+            while j0 < n {
+                let nc = (n - j0).min(64);
+                if buf.len() < k * 64 {
+                    buf.resize(k * 64, 0.0);
                 }
-                p.set(buf);
-            });
-        }
-        // SAFETY: AVX-512F checked; the three extents were asserted above.
-        unsafe {
-            super::x86::matmul_f32(
-                m,
-                n,
-                k,
-                a.data.as_ptr(),
-                a.ld,
-                b.data.as_ptr(),
-                b.ld,
-                c.as_mut_ptr(),
-                ldc,
-                accumulate,
-            )
-        };
-        return;
+                for kk in 0..k {
+                    buf[kk * 64..kk * 64 + nc]
+                        .copy_from_slice(&b.data[kk * b.ld + j0..kk * b.ld + j0 + nc]);
+                }
+                dispatch(
+                    kern,
+                    Product {
+                        m,
+                        n: nc,
+                        k,
+                        a: a.data.as_ptr(),
+                        lda: a.ld,
+                        b: buf.as_ptr(),
+                        ldb: 64,
+                        // SAFETY (of the offset): j0 < n ≤ ldc, inside the first row of C.
+                        c: c[j0..].as_mut_ptr(),
+                        ldc,
+                        accumulate,
+                    },
+                );
+                j0 += 64;
+            }
+            p.set(buf);
+        });
     }
-    let _ = kern;
-    for i in 0..m {
-        let crow = &mut c[i * ldc..i * ldc + n];
-        if !accumulate {
-            crow.fill(0.0);
+    dispatch(
+        kern,
+        Product {
+            m,
+            n,
+            k,
+            a: a.data.as_ptr(),
+            lda: a.ld,
+            b: b.data.as_ptr(),
+            ldb: b.ld,
+            c: c.as_mut_ptr(),
+            ldc,
+            accumulate,
+        },
+    );
+}
+
+/// One product with extents checked by [`matmul`]: `C[m×n] (+)= A[m×k] · B[k×n]`, row-major strides.
+struct Product {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+}
+
+impl Kernel for Product {
+    type Out = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let bw = S::WIDE_TILE * S::LANES;
+        let mut j0 = 0;
+        while j0 < self.n {
+            let nc = (self.n - j0).min(bw);
+            let nv = nc.div_ceil(S::LANES);
+            // SAFETY: the column block lies inside B's and C's rows (extents checked by `matmul`).
+            unsafe {
+                let (b, c) = (self.b.add(j0), self.c.add(j0));
+                // Narrow column blocks have few accumulators per row, so take more rows per block;
+                // with 16 vector registers (AVX2) at most 12 accumulators fit.
+                if S::WIDE_TILE >= 4 {
+                    match nv {
+                        1 => self.rows::<S, 12, 1>(b, c, nc),
+                        2 => self.rows::<S, 12, 2>(b, c, nc),
+                        3 => self.rows::<S, 8, 3>(b, c, nc),
+                        _ => self.rows::<S, 6, 4>(b, c, nc),
+                    }
+                } else {
+                    match nv {
+                        1 => self.rows::<S, 12, 1>(b, c, nc),
+                        _ => self.rows::<S, 6, 2>(b, c, nc),
+                    }
+                }
+            }
+            j0 += bw;
         }
-        for kk in 0..k {
-            let x = a.data[i * a.ld + kk];
-            let brow = &b.data[kk * b.ld..kk * b.ld + n];
-            for (cj, bj) in crow.iter_mut().zip(brow) {
-                *cj += x * bj;
+    }
+}
+
+impl Product {
+    /// Every row block of one column block of `nc ≤ NV · LANES` columns starting at `b` / `c`.
+    #[inline(always)]
+    unsafe fn rows<S: Simd, const MRB: usize, const NV: usize>(
+        &self,
+        b: *const f32,
+        c: *mut f32,
+        nc: usize,
+    ) {
+        // SAFETY: rows past `m` in a register block reuse the last valid row's pointer and are never
+        // stored; every other access is inside the checked extents.
+        unsafe {
+            let mut i0 = 0;
+            while i0 < self.m {
+                let rows = (self.m - i0).min(MRB);
+                let mut arows = [self.a; MRB];
+                for (r, p) in arows.iter_mut().enumerate() {
+                    *p = self.a.add((i0 + r.min(rows - 1)) * self.lda);
+                }
+                let cblk = c.add(i0 * self.ldc);
+                let mut acc = [[S::zero(); NV]; MRB];
+                if self.accumulate {
+                    for (r, row) in acc.iter_mut().enumerate().take(rows) {
+                        for (v, x) in row.iter_mut().enumerate() {
+                            let left = nc.saturating_sub(v * S::LANES);
+                            *x = S::load_part(cblk.add(r * self.ldc + v * S::LANES), left);
+                        }
+                    }
+                }
+                for kk in 0..self.k {
+                    let bp = b.add(kk * self.ldb);
+                    let mut bv = [S::zero(); NV];
+                    for (v, x) in bv.iter_mut().enumerate() {
+                        *x = S::load_part(bp.add(v * S::LANES), nc.saturating_sub(v * S::LANES));
+                    }
+                    for (r, row) in acc.iter_mut().enumerate() {
+                        let ar = S::splat(*arows[r].add(kk));
+                        for (v, x) in row.iter_mut().enumerate() {
+                            *x = S::fma(ar, bv[v], *x);
+                        }
+                    }
+                }
+                for (r, row) in acc.iter().enumerate().take(rows) {
+                    for (v, x) in row.iter().enumerate() {
+                        let left = nc.saturating_sub(v * S::LANES);
+                        S::store_part(cblk.add(r * self.ldc + v * S::LANES), left, *x);
+                    }
+                }
+                i0 += MRB;
             }
         }
     }
@@ -187,14 +272,10 @@ pub fn transpose(src: &[f32], rows: usize, cols: usize, lds: usize, dst: &mut [f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Isa;
 
     #[test]
     fn matmul_matches_naive_and_is_row_independent() {
-        let kernels: Vec<Kernels> = [Isa::Portable, Isa::Avx512]
-            .into_iter()
-            .filter_map(Kernels::with_isa)
-            .collect();
+        let kernels = Kernels::available();
         let mut seed = 5u64;
         let mut r = || {
             seed = seed

@@ -1,20 +1,26 @@
 //! CPU kernels: the BF16-weight GEMM (two arms), a small f32 matrix product for the mixers, element-wise
 //! math, and a peak micro-benchmark.
 //!
-//! Every kernel exists twice: an AVX-512 version (`x86`, chosen at run time with `is_x86_feature_detected!`)
-//! and a portable version in plain Rust. [`Kernels`] carries the choice, so tests can run both on one
-//! machine and a model keeps the choice it was loaded with.
+//! Every kernel is written once, generic over the [`simd::Simd`] abstraction, and instantiated at run
+//! time for the instruction set a [`Kernels`] value names: AVX-512F (+AVX512_BF16 for the bf16 arm's dot
+//! products), AVX2 + FMA, NEON on aarch64, or plain Rust (the correctness fallback). [`Kernels`] carries
+//! the choice, so tests can run every instruction set on one machine and a model keeps the choice it
+//! was loaded with.
 //!
 //! Determinism: each output element of every kernel is one fixed-order chain of fused multiply-adds over
 //! the reduction index, whatever the number of rows, their position inside a register block, or the thread
-//! that computes them. That is what makes a batched forward bit-equal to rows run one by one.
+//! that computes them. That is what makes a batched forward bit-equal to rows run one by one. The f32
+//! GEMM and matrix product give the same bits on every instruction set that fuses (AVX2, AVX-512, NEON).
 
 pub mod buf;
 pub mod gemm;
 pub mod math;
 pub mod matmul;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 pub mod pack;
 pub mod peak;
+pub(crate) mod simd;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
@@ -27,7 +33,7 @@ pub enum Arm {
     /// All arithmetic in f32: weights widened exactly, f32 fused multiply-adds.
     Fp32,
     /// Activations rounded to bf16 (nearest-even), BF16×BF16 products accumulated in f32
-    /// (`vdpbf16ps` where the CPU has AVX512_BF16).
+    /// (`vdpbf16ps` where the CPU has AVX512_BF16; elsewhere exact f32 products of the rounded values).
     Bf16,
 }
 
@@ -52,15 +58,60 @@ impl std::str::FromStr for Arm {
     }
 }
 
-/// Which instruction set the kernels use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which instruction set the kernels use. On x86-64 the sets are ordered: each includes the ones
+/// before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust, no explicit SIMD.
     Portable,
-    /// AVX-512F (f32 kernels); BF16 dot products emulated in f32.
+    /// aarch64 Advanced SIMD (4 f32 lanes, fused multiply-add).
+    Neon,
+    /// AVX2 + FMA (8 f32 lanes); BF16 dot products as exact f32 products.
+    Avx2,
+    /// AVX-512F (16 lanes); BF16 dot products as exact f32 products.
     Avx512,
     /// AVX-512F plus AVX512_BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`).
     Avx512Bf16,
+}
+
+impl Isa {
+    /// The names `KEV_ISA` takes and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Neon => "neon",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
+        }
+    }
+
+    /// Every instruction set, weakest first.
+    pub const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Neon,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Bf16,
+    ];
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Isa {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| {
+                format!("unknown instruction set `{s}` (portable, avx2, avx512, avx512bf16, neon)")
+            })
+    }
 }
 
 /// The kernel set a model computes with.
@@ -70,41 +121,70 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// The best kernels this CPU supports. `KEV_ISA=portable` (or `avx512`) caps the choice, for
-    /// testing the fallbacks on a machine that has more.
+    /// The best kernels this CPU supports, capped by `KEV_ISA` (`portable`, `avx2`, `avx512`,
+    /// `avx512bf16`, `neon`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
+    /// the CPU has, or an unknown name, leaves the best choice (and says so in the log).
     pub fn detect() -> Self {
         let best = Self::best_isa();
-        let cap = std::env::var("KEV_ISA").ok();
-        let isa = match cap.as_deref() {
-            Some("portable") => Isa::Portable,
-            Some("avx512") if best != Isa::Portable => Isa::Avx512,
+        let isa = match std::env::var("KEV_ISA") {
+            Ok(cap) if !cap.is_empty() => match cap.parse::<Isa>() {
+                Ok(want) if Self::supported(want) => want,
+                Ok(want) => {
+                    tracing::warn!(
+                        "KEV_ISA={want}: this CPU does not have it; using {best}"
+                    );
+                    best
+                }
+                Err(e) => {
+                    tracing::warn!("KEV_ISA: {e}; using {best}");
+                    best
+                }
+            },
             _ => best,
         };
         Kernels { isa }
     }
 
-    fn best_isa() -> Isa {
+    /// Whether this CPU can run `isa`.
+    pub fn supported(isa: Isa) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                if std::arch::is_x86_feature_detected!("avx512bf16") {
-                    return Isa::Avx512Bf16;
-                }
-                return Isa::Avx512;
+            use std::arch::is_x86_feature_detected as has;
+            match isa {
+                Isa::Portable => true,
+                Isa::Neon => false,
+                Isa::Avx2 => has!("avx2") && has!("fma"),
+                Isa::Avx512 => has!("avx512f") && has!("avx2") && has!("fma"),
+                Isa::Avx512Bf16 => has!("avx512f") && has!("avx512bf16"),
             }
         }
-        Isa::Portable
+        #[cfg(target_arch = "aarch64")]
+        {
+            matches!(isa, Isa::Portable | Isa::Neon)
+                && (isa == Isa::Portable || std::arch::is_aarch64_feature_detected!("neon"))
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            isa == Isa::Portable
+        }
+    }
+
+    fn best_isa() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|i| Self::supported(*i))
+            .unwrap_or(Isa::Portable)
     }
 
     /// Kernels for a given instruction set, if this CPU has it.
     pub fn with_isa(isa: Isa) -> Option<Self> {
-        let best = Self::best_isa();
-        let ok = match isa {
-            Isa::Portable => true,
-            Isa::Avx512 => best != Isa::Portable,
-            Isa::Avx512Bf16 => best == Isa::Avx512Bf16,
-        };
-        ok.then_some(Kernels { isa })
+        Self::supported(isa).then_some(Kernels { isa })
+    }
+
+    /// Every kernel set this CPU can run, weakest first (what tests loop over).
+    pub fn available() -> Vec<Kernels> {
+        Isa::ALL.into_iter().filter_map(Self::with_isa).collect()
     }
 
     /// The plain-Rust kernels (available everywhere).
@@ -117,28 +197,41 @@ impl Kernels {
         self.isa
     }
 
-    pub(crate) fn avx512(&self) -> bool {
-        self.isa != Isa::Portable
-    }
-
+    /// Native BF16 dot products (the bf16 arm's fast path).
     pub(crate) fn avx512bf16(&self) -> bool {
         self.isa == Isa::Avx512Bf16
     }
+
+    /// Whether the vectors are wider than one lane (the SIMD kernels, not the portable fallback).
+    pub(crate) fn simd(&self) -> bool {
+        self.isa != Isa::Portable
+    }
 }
 
-/// Run `f` inside a function compiled for AVX-512 when the kernels allow it, so the plain loops it
-/// inlines vectorise 16-wide instead of SSE2's 4. Plain loops are not reassociated by the compiler, so
-/// the results do not change, only the speed.
+/// Run `f` inside a function compiled for the kernels' instruction set, so the plain loops it inlines
+/// vectorise to its width instead of SSE2's 4 lanes. Plain loops are neither reassociated nor fused by
+/// the compiler, so the results do not change with the instruction set, only the speed.
 #[inline(always)]
 pub(crate) fn wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
-            f()
+    match kern.isa() {
+        Isa::Avx512 | Isa::Avx512Bf16 => {
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            // SAFETY: AVX-512F checked.
+            return unsafe { run(f) };
         }
-        // SAFETY: AVX-512F checked.
-        return unsafe { run(f) };
+        Isa::Avx2 => {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            // SAFETY: AVX2 checked.
+            return unsafe { run(f) };
+        }
+        _ => {}
     }
     let _ = kern;
     f()

@@ -1,20 +1,28 @@
-//! Machine peak, measured: f32 FMA and BF16 dot-product throughput on all cores, with 12 independent
+//! Machine peak, measured: f32 FMA throughput of every vector width the CPU has (ymm on AVX2, zmm on
+//! AVX-512, NEON's q registers) and BF16 dot-product throughput, on all cores, with 12 independent
 //! accumulator chains per thread (the micro-benchmark of peers-notes Appendix A, in Rust). The bench
-//! reports achieved GFLOP/s as a share of these figures, measured in the same run.
+//! reports achieved GFLOP/s as a share of the peak of the instruction set it ran, measured in the same
+//! run.
 
 use std::time::Instant;
 
-use super::Kernels;
+use super::simd::{Kernel, Simd, dispatch};
+use super::{Isa, Kernels};
 
 /// Measured peaks in GFLOP/s (2 FLOPs per multiply-add).
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Peak {
     /// Threads used.
     pub threads: usize,
-    /// f32 FMA, all threads.
+    /// The instruction set the kernels run (whose f32 peak is `fp32_gflops`).
+    pub isa: String,
+    /// f32 FMA on the kernels' instruction set, all threads.
     pub fp32_gflops: f64,
-    /// BF16 dot products (`vdpbf16ps`), all threads; `None` without AVX512_BF16.
+    /// BF16 dot products (`vdpbf16ps`), all threads; `None` without AVX512_BF16 in use.
     pub bf16_gflops: Option<f64>,
+    /// f32 FMA peak of every SIMD instruction set this CPU has (`avx2` = ymm, `avx512` = zmm, `neon`),
+    /// whichever the kernels use.
+    pub fp32_by_isa: Vec<(String, f64)>,
 }
 
 /// CPU seconds used by this process so far, all threads (`/proc/self/stat`, 100 Hz ticks); 0 where the
@@ -38,32 +46,86 @@ pub fn process_cpu_seconds() -> f64 {
     (tick(11) + tick(12)) / 100.0
 }
 
-/// Run each loop for about `seconds` on every rayon thread and report the aggregate rate.
+/// Run each loop for about `seconds` on every rayon thread and report the aggregate rate; `None` for
+/// the portable kernels (no vector peak to speak of).
 pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
-    #[cfg(target_arch = "x86_64")]
-    if kern.avx512() {
-        let threads = rayon::current_num_threads();
-        let fp32 = rate(threads, seconds, 12.0 * 16.0 * 2.0, |it| {
-            // SAFETY: AVX-512F checked.
-            unsafe { super::x86::peak_fma(it) }
-        });
-        let bf16 = kern.avx512bf16().then(|| {
-            rate(threads, seconds, 12.0 * 32.0 * 2.0, |it| {
-                // SAFETY: AVX512_BF16 checked.
-                unsafe { super::x86::peak_bf16(it) }
-            })
-        });
-        return Some(Peak {
-            threads,
-            fp32_gflops: fp32,
-            bf16_gflops: bf16,
-        });
+    if !kern.simd() {
+        return None;
     }
-    let _ = (kern, seconds);
-    None
+    let threads = rayon::current_num_threads();
+    let mut by_isa = Vec::new();
+    for isa in [Isa::Neon, Isa::Avx2, Isa::Avx512] {
+        if let Some(k) = Kernels::with_isa(isa) {
+            let lanes = dispatch(k, Lanes);
+            let r = rate(threads, seconds, 12.0 * lanes as f64 * 2.0, |it| {
+                dispatch(k, FmaLoop(it))
+            });
+            by_isa.push((isa.name().to_string(), r));
+        }
+    }
+    let own = match kern.isa() {
+        Isa::Avx512Bf16 => Isa::Avx512,
+        i => i,
+    };
+    let fp32 = by_isa
+        .iter()
+        .find(|(n, _)| n == own.name())
+        .map(|(_, r)| *r)?;
+    #[cfg(target_arch = "x86_64")]
+    let bf16 = kern.avx512bf16().then(|| {
+        rate(threads, seconds, 12.0 * 32.0 * 2.0, |it| {
+            // SAFETY: AVX512_BF16 checked.
+            unsafe { super::x86::peak_bf16(it) }
+        })
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    let bf16 = None;
+    Some(Peak {
+        threads,
+        isa: kern.isa().name().to_string(),
+        fp32_gflops: fp32,
+        bf16_gflops: bf16,
+        fp32_by_isa: by_isa,
+    })
 }
 
-#[cfg(target_arch = "x86_64")]
+struct Lanes;
+impl Kernel for Lanes {
+    type Out = usize;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> usize {
+        S::LANES
+    }
+}
+
+/// `iters` rounds of 12 independent FMAs; returns a value that depends on all of them.
+struct FmaLoop(u64);
+impl Kernel for FmaLoop {
+    type Out = f32;
+    #[inline(always)]
+    fn run<S: Simd>(self) -> f32 {
+        // SAFETY: register arithmetic on the dispatched instruction set.
+        unsafe {
+            let x = S::splat(1.000_000_1);
+            let y = S::splat(0.999_999_9);
+            let mut a = [S::zero(); 12];
+            for (i, v) in a.iter_mut().enumerate() {
+                *v = S::splat(i as f32);
+            }
+            for _ in 0..self.0 {
+                for v in a.iter_mut() {
+                    *v = S::fma(*v, x, y);
+                }
+            }
+            let mut s = a[0];
+            for v in &a[1..] {
+                s = S::add(s, *v);
+            }
+            S::reduce_add(s)
+        }
+    }
+}
+
 fn rate(threads: usize, seconds: f64, flops_per_iter: f64, f: impl Fn(u64) -> f32 + Sync) -> f64 {
     // Calibrate on one thread, then run all threads at once.
     let mut iters = 1u64 << 16;

@@ -1,11 +1,201 @@
-//! AVX-512 kernels. Every function here is `unsafe` for two reasons: it must only run on a CPU with the
-//! target features it is compiled for (callers check through [`super::Kernels`]), and it reads and writes
-//! through raw pointers whose extents the safe drivers in `gemm.rs`, `matmul.rs` and `math.rs` check.
+//! x86-64 instruction sets: [`Avx2`] (AVX2 + FMA, 8 lanes) and [`Avx512`] (AVX-512F, 16 lanes) implement
+//! [`Simd`], entered through [`on_avx2`] / [`on_avx512`]; beside them the parts that exist on one
+//! instruction set only: the AVX512_BF16 dot-product microkernel and rounding, its peak loop, and L2
+//! prefetch hints.
+//!
+//! Every function here is `unsafe` for two reasons: it must only run on a CPU with the target features
+//! it is compiled for (callers check through [`super::Kernels`]), and it reads and writes through raw
+//! pointers whose extents the safe drivers in `gemm.rs`, `matmul.rs` and `math.rs` check.
 
 use std::arch::x86_64::*;
 
+use super::Isa;
 use super::gemm::MR;
 use super::pack::NR;
+use super::simd::{Kernel, Simd};
+
+/// Run `k` compiled for AVX2 + FMA.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn on_avx2<K: Kernel>(k: K) -> K::Out {
+    k.run::<Avx2>()
+}
+
+/// Run `k` compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU has AVX-512F (which implies AVX2 and FMA).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn on_avx512<K: Kernel>(k: K) -> K::Out {
+    k.run::<Avx512>()
+}
+
+/// AVX2 + FMA: 8 f32 lanes, 16 vector registers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2;
+
+/// A lane mask for the first `n` of 8 lanes (sign bit set where active).
+#[inline(always)]
+unsafe fn mask8(n: usize) -> __m256i {
+    // SAFETY: register arithmetic (AVX2 in the caller).
+    unsafe {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n.min(8) as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+}
+
+impl Simd for Avx2 {
+    type V = __m256;
+    type M = __m256;
+    const LANES: usize = 8;
+    const WIDE_TILE: usize = 2;
+    const ISA: Isa = Isa::Avx2;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> __m256 {
+        // SAFETY: a masked load touches only the active lanes.
+        unsafe {
+            if n >= 8 {
+                _mm256_loadu_ps(p)
+            } else {
+                _mm256_maskload_ps(p, mask8(n))
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: __m256) {
+        // SAFETY: a masked store touches only the active lanes.
+        unsafe {
+            if n >= 8 {
+                _mm256_storeu_ps(p, v)
+            } else {
+                _mm256_maskstore_ps(p, mask8(n), v)
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn fnma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        unsafe { _mm256_fnmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_div_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn round(a: __m256) -> __m256 {
+        unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+    }
+    #[inline(always)]
+    unsafe fn scale2(p: __m256, n: __m256) -> __m256 {
+        // 2ⁿ built from exponent bits in two factors (2^min(n,127) · 2^(n−that)), so n = 128 works; both
+        // products are exact unless the result is subnormal or overflows, where the one rounding is the
+        // same as vscalefps's.
+        unsafe {
+            let ni = _mm256_cvtps_epi32(n);
+            let e1 = _mm256_min_epi32(ni, _mm256_set1_epi32(127));
+            let e2 = _mm256_sub_epi32(ni, e1);
+            let bias = _mm256_set1_epi32(127);
+            let p1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e1, bias)));
+            let p2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(e2, bias)));
+            _mm256_mul_ps(_mm256_mul_ps(p, p1), p2)
+        }
+    }
+    #[inline(always)]
+    unsafe fn lt(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_cmp_ps::<_CMP_LT_OQ>(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn gt(a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_cmp_ps::<_CMP_GT_OQ>(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn nan(a: __m256) -> __m256 {
+        unsafe { _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a) }
+    }
+    #[inline(always)]
+    unsafe fn select(m: __m256, a: __m256, b: __m256) -> __m256 {
+        unsafe { _mm256_blendv_ps(b, a, m) }
+    }
+    #[inline(always)]
+    unsafe fn reduce_add(a: __m256) -> f32 {
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    unsafe fn reduce_max(a: __m256) -> f32 {
+        unsafe {
+            let s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_max_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    unsafe fn widen_pairs(p: *const u32) -> (__m256, __m256) {
+        unsafe {
+            let x = _mm256_loadu_si256(p as *const __m256i);
+            (
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x)),
+                _mm256_castsi256_ps(_mm256_and_si256(
+                    x,
+                    _mm256_set1_epi32(0xffff_0000u32 as i32),
+                )),
+            )
+        }
+    }
+}
+
+/// AVX-512F: 16 f32 lanes, 32 vector registers, mask registers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512;
 
 /// Lane mask for the first `n` of 16 lanes.
 #[inline(always)]
@@ -17,68 +207,114 @@ fn lanes(n: usize) -> __mmask16 {
     }
 }
 
-/// The four lane masks of a 64-wide column block holding `ncols` valid columns.
-#[inline(always)]
-fn col_masks(ncols: usize) -> [__mmask16; 4] {
-    [
-        lanes(ncols),
-        lanes(ncols.saturating_sub(16)),
-        lanes(ncols.saturating_sub(32)),
-        lanes(ncols.saturating_sub(48)),
-    ]
-}
+impl Simd for Avx512 {
+    type V = __m512;
+    type M = __mmask16;
+    const LANES: usize = 16;
+    const WIDE_TILE: usize = 4;
+    const ISA: Isa = Isa::Avx512;
 
-/// GEMM microkernel, fp32 arm: `C[0..rows, 0..ncols] (+)= Σ_k A[k][r] · B[k][j]` over `kc` steps.
-///
-/// # Safety
-/// AVX-512F; each `a[r]` addresses `kc` f32 of one activation row, `b` holds `kc · NR` f32 (`[k][NR]`), `c` addresses
-/// `rows` rows of stride `ldc` with `ncols ≤ 64` writable columns.
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn ukr_f32(
-    kc: usize,
-    a: &[*const f32; MR],
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    rows: usize,
-    ncols: usize,
-    load: bool,
-) {
-    // SAFETY: the caller guarantees the extents documented above.
-    unsafe {
-        let m = col_masks(ncols);
-        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
-        if load {
-            for (r, row) in acc.iter_mut().enumerate() {
-                if r < rows {
-                    for (v, x) in row.iter_mut().enumerate() {
-                        *x = _mm512_maskz_loadu_ps(m[v], c.add(r * ldc + 16 * v));
-                    }
-                }
-            }
-        }
-        for kk in 0..kc {
-            let bp = b.add(kk * NR);
-            let bv = [
-                _mm512_loadu_ps(bp),
-                _mm512_loadu_ps(bp.add(16)),
-                _mm512_loadu_ps(bp.add(32)),
-                _mm512_loadu_ps(bp.add(48)),
-            ];
-            for (r, row) in acc.iter_mut().enumerate() {
-                let ar = _mm512_set1_ps(*a[r].add(kk));
-                for (v, x) in row.iter_mut().enumerate() {
-                    *x = _mm512_fmadd_ps(ar, bv[v], *x);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            if r < rows {
-                for (v, x) in row.iter().enumerate() {
-                    _mm512_mask_storeu_ps(c.add(r * ldc + 16 * v), m[v], *x);
-                }
-            }
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_part(p: *const f32, n: usize) -> __m512 {
+        // SAFETY: masked lanes are not read.
+        unsafe { _mm512_maskz_loadu_ps(lanes(n), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_part(p: *mut f32, n: usize, v: __m512) {
+        // SAFETY: masked lanes are not written.
+        unsafe { _mm512_mask_storeu_ps(p, lanes(n), v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn fnma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fnmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn min(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn round(a: __m512) -> __m512 {
+        unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+    }
+    #[inline(always)]
+    unsafe fn scale2(p: __m512, n: __m512) -> __m512 {
+        unsafe { _mm512_scalef_ps(p, n) }
+    }
+    #[inline(always)]
+    unsafe fn lt(a: __m512, b: __m512) -> __mmask16 {
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn gt(a: __m512, b: __m512) -> __mmask16 {
+        unsafe { _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn nan(a: __m512) -> __mmask16 {
+        unsafe { _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a) }
+    }
+    #[inline(always)]
+    unsafe fn select(m: __mmask16, a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mask_mov_ps(b, m, a) }
+    }
+    #[inline(always)]
+    unsafe fn reduce_add(a: __m512) -> f32 {
+        unsafe { _mm512_reduce_add_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn reduce_max(a: __m512) -> f32 {
+        unsafe { _mm512_reduce_max_ps(a) }
+    }
+    #[inline(always)]
+    unsafe fn widen_pairs(p: *const u32) -> (__m512, __m512) {
+        unsafe {
+            let x = _mm512_loadu_si512(p as *const __m512i);
+            (
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x)),
+                _mm512_castsi512_ps(_mm512_and_si512(
+                    x,
+                    _mm512_set1_epi32(0xffff_0000u32 as i32),
+                )),
+            )
         }
     }
 }
@@ -87,7 +323,7 @@ pub(crate) unsafe fn ukr_f32(
 ///
 /// # Safety
 /// AVX-512F + AVX512_BF16; each `a[r]` addresses `kp` u32 bf16 pairs of one activation row, `b` holds `kp · NR · 2` bf16
-/// (`[kp][NR][2]`), `c` as in [`ukr_f32`].
+/// (`[kp][NR][2]`), `c` addresses `rows` rows of stride `ldc` with `ncols ≤ 64` writable columns.
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn ukr_bf16(
@@ -103,7 +339,12 @@ pub(crate) unsafe fn ukr_bf16(
     // SAFETY: the caller guarantees the extents documented above; the transmutes reinterpret 512-bit
     // integer vectors as vectors of 32 bf16, which have the same size and no invalid bit patterns.
     unsafe {
-        let m = col_masks(ncols);
+        let m = [
+            lanes(ncols),
+            lanes(ncols.saturating_sub(16)),
+            lanes(ncols.saturating_sub(32)),
+            lanes(ncols.saturating_sub(48)),
+        ];
         let mut acc = [[_mm512_setzero_ps(); 4]; MR];
         if load {
             for (r, row) in acc.iter_mut().enumerate() {
@@ -136,33 +377,6 @@ pub(crate) unsafe fn ukr_bf16(
                 for (v, x) in row.iter().enumerate() {
                     _mm512_mask_storeu_ps(c.add(r * ldc + 16 * v), m[v], *x);
                 }
-            }
-        }
-    }
-}
-
-/// Widen a BF16 panel chunk `[kp][NR][2]` into f32 `[2·kp][NR]` (exact: a shift or a mask per vector).
-///
-/// # Safety
-/// AVX-512F; `src` holds `kp · NR · 2` u16, `dst` has room for `2 · kp · NR` f32.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn widen_chunk(kp: usize, src: *const u16, dst: *mut f32) {
-    // SAFETY: extents as documented.
-    unsafe {
-        let hi = _mm512_set1_epi32(0xffff_0000u32 as i32);
-        for kk in 0..kp {
-            let s = src.add(kk * NR * 2) as *const __m512i;
-            let d = dst.add(2 * kk * NR);
-            for v in 0..4 {
-                let x = _mm512_loadu_si512(s.add(v));
-                _mm512_storeu_ps(
-                    d.add(16 * v),
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x)),
-                );
-                _mm512_storeu_ps(
-                    d.add(NR + 16 * v),
-                    _mm512_castsi512_ps(_mm512_and_si512(x, hi)),
-                );
             }
         }
     }
@@ -202,264 +416,6 @@ pub(crate) unsafe fn round_pairs_bf16(n: usize, src: *const f32, dst: *mut u32) 
     }
 }
 
-/// One register block of the small matrix product: `MRB` rows × `NV` vectors of 16 columns.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn mm_block<const MRB: usize, const NV: usize>(
-    k: usize,
-    arows: [*const f32; MRB],
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    rows: usize,
-    ncols: usize,
-    accumulate: bool,
-) {
-    // SAFETY: the caller (`matmul_f32`) passes in-bounds row pointers and column counts.
-    unsafe {
-        let m = col_masks(ncols);
-        let mut acc = [[_mm512_setzero_ps(); NV]; MRB];
-        if accumulate {
-            for (r, row) in acc.iter_mut().enumerate() {
-                if r < rows {
-                    for (v, x) in row.iter_mut().enumerate() {
-                        *x = _mm512_maskz_loadu_ps(m[v], c.add(r * ldc + 16 * v));
-                    }
-                }
-            }
-        }
-        for kk in 0..k {
-            let bp = b.add(kk * ldb);
-            let mut bv = [_mm512_setzero_ps(); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = _mm512_maskz_loadu_ps(m[v], bp.add(16 * v));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let ar = _mm512_set1_ps(*arows[r].add(kk));
-                for (v, x) in row.iter_mut().enumerate() {
-                    *x = _mm512_fmadd_ps(ar, bv[v], *x);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            if r < rows {
-                for (v, x) in row.iter().enumerate() {
-                    _mm512_mask_storeu_ps(c.add(r * ldc + 16 * v), m[v], *x);
-                }
-            }
-        }
-    }
-}
-
-/// `C[m×n] (+)= A[m×k] · B[k×n]`, all row-major with the given strides.
-///
-/// # Safety
-/// AVX-512F; the three matrices lie within their slices at the given strides (checked by the caller).
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_f32(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    // SAFETY: extents as documented; rows past `m` in a register block reuse the last valid row's
-    // pointer and are never stored.
-    unsafe {
-        let mut j0 = 0;
-        while j0 < n {
-            let nc = (n - j0).min(64);
-            let nv = nc.div_ceil(16);
-            // Narrow column blocks have few accumulators per row, so take more rows per block.
-            if nv == 1 {
-                run_rows::<12, 1>(m, k, a, lda, b.add(j0), ldb, c.add(j0), ldc, nc, accumulate);
-            } else if nv == 2 {
-                run_rows::<12, 2>(m, k, a, lda, b.add(j0), ldb, c.add(j0), ldc, nc, accumulate);
-            } else if nv == 3 {
-                run_rows::<8, 3>(m, k, a, lda, b.add(j0), ldb, c.add(j0), ldc, nc, accumulate);
-            } else {
-                run_rows::<6, 4>(m, k, a, lda, b.add(j0), ldb, c.add(j0), ldc, nc, accumulate);
-            }
-            j0 += 64;
-        }
-    }
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_rows<const MRB: usize, const NV: usize>(
-    m: usize,
-    k: usize,
-    a: *const f32,
-    lda: usize,
-    b: *const f32,
-    ldb: usize,
-    c: *mut f32,
-    ldc: usize,
-    nc: usize,
-    accumulate: bool,
-) {
-    // SAFETY: see `matmul_f32`.
-    unsafe {
-        let mut i0 = 0;
-        while i0 < m {
-            let rows = (m - i0).min(MRB);
-            let mut arows = [a; MRB];
-            for (r, p) in arows.iter_mut().enumerate() {
-                *p = a.add((i0 + r.min(rows - 1)) * lda);
-            }
-            mm_block::<MRB, NV>(k, arows, b, ldb, c.add(i0 * ldc), ldc, rows, nc, accumulate);
-            i0 += MRB;
-        }
-    }
-}
-
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-
-/// e^x for 16 lanes: range reduction by ln 2, degree-7 Taylor polynomial, `vscalefps`. About 1 ulp;
-/// inputs below −87.3 give 0 (the true value is subnormal), above 88.72 (overflow) +∞.
-#[inline(always)]
-pub(crate) unsafe fn exp512(x: __m512) -> __m512 {
-    // SAFETY: pure register arithmetic (the caller's target features include AVX-512F).
-    unsafe {
-        let under = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
-        let over = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(88.722_83));
-        let xc = _mm512_min_ps(x, _mm512_set1_ps(88.722_83));
-        let xc = _mm512_max_ps(xc, _mm512_set1_ps(-87.3));
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(xc, _mm512_set1_ps(LOG2E)),
-        );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), xc);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-        let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 720.0));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 120.0));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 24.0));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 6.0));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-        let y = _mm512_scalef_ps(p, n);
-        // NaN in, NaN out (min/max above would have replaced it).
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-        let y = _mm512_mask_mov_ps(y, nan, x);
-        let y = _mm512_mask_mov_ps(y, over, _mm512_set1_ps(f32::INFINITY));
-        _mm512_mask_mov_ps(y, under, _mm512_setzero_ps())
-    }
-}
-
-/// Apply a 16-lane function to a slice in place (masked tail).
-#[inline(always)]
-unsafe fn map_inplace(x: &mut [f32], f: impl Fn(__m512) -> __m512) {
-    // SAFETY: loads and stores stay within `x` (masked tail).
-    unsafe {
-        let n = x.len();
-        let p = x.as_mut_ptr();
-        let mut i = 0;
-        while i < n {
-            let m = lanes(n - i);
-            let v = _mm512_maskz_loadu_ps(m, p.add(i));
-            _mm512_mask_storeu_ps(p.add(i), m, f(v));
-            i += 16;
-        }
-    }
-}
-
-/// `x ← e^x`.
-///
-/// # Safety
-/// AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn exp_inplace(x: &mut [f32]) {
-    // SAFETY: AVX-512F is enabled for this function.
-    unsafe { map_inplace(x, |v| exp512(v)) }
-}
-
-/// `x ← x · sigmoid(x)` computed as `x / (1 + e^−x)`.
-///
-/// # Safety
-/// AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn silu_inplace(x: &mut [f32]) {
-    // SAFETY: AVX-512F is enabled for this function.
-    unsafe {
-        map_inplace(x, |v| {
-            let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), v));
-            _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0), e))
-        })
-    }
-}
-
-/// `x ← 1 / (1 + e^−x)`.
-///
-/// # Safety
-/// AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn sigmoid_inplace(x: &mut [f32]) {
-    // SAFETY: AVX-512F is enabled for this function.
-    unsafe {
-        map_inplace(x, |v| {
-            let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), v));
-            _mm512_div_ps(_mm512_set1_ps(1.0), _mm512_add_ps(_mm512_set1_ps(1.0), e))
-        })
-    }
-}
-
-/// `out[i] = silu(g[i]) · u[i]`.
-///
-/// # Safety
-/// AVX-512F; the three slices have equal length.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
-    // SAFETY: masked loads/stores within the common length.
-    unsafe {
-        let n = out.len().min(g.len()).min(u.len());
-        let mut i = 0;
-        while i < n {
-            let m = lanes(n - i);
-            let gv = _mm512_maskz_loadu_ps(m, g.as_ptr().add(i));
-            let uv = _mm512_maskz_loadu_ps(m, u.as_ptr().add(i));
-            let e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            let s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0), e));
-            _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), m, _mm512_mul_ps(s, uv));
-            i += 16;
-        }
-    }
-}
-
-/// Peak loop: `iters` rounds of 12 independent f32 FMAs; returns a value that depends on all of them.
-///
-/// # Safety
-/// AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn peak_fma(iters: u64) -> f32 {
-    let x = _mm512_set1_ps(1.000_000_1);
-    let y = _mm512_set1_ps(0.999_999_9);
-    let mut a = [_mm512_setzero_ps(); 12];
-    for (i, v) in a.iter_mut().enumerate() {
-        *v = _mm512_set1_ps(i as f32);
-    }
-    for _ in 0..iters {
-        for v in a.iter_mut() {
-            *v = _mm512_fmadd_ps(*v, x, y);
-        }
-    }
-    let mut s = a[0];
-    for v in &a[1..] {
-        s = _mm512_add_ps(s, *v);
-    }
-    _mm512_reduce_add_ps(s)
-}
-
 /// Peak loop: `iters` rounds of 12 independent `vdpbf16ps`.
 ///
 /// # Safety
@@ -482,7 +438,7 @@ pub(crate) unsafe fn peak_bf16(iters: u64) -> f32 {
 }
 
 /// Ask for the cache lines of `bytes[from..to]` to be brought into L2 (a hint: no fault, no effect on
-/// values).
+/// values). SSE, so every x86-64 CPU has it.
 #[inline]
 pub(crate) fn prefetch_l2(bytes: &[u8], from: usize, to: usize) {
     let to = to.min(bytes.len());

@@ -30,7 +30,7 @@ pub(super) struct BackboneArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Row lengths in tokens.
-    #[arg(long, value_delimiter = ',', default_values_t = [94usize, 380, 1518])]
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_values_t = [94usize, 380, 1518])]
     lengths: Vec<usize>,
     /// Compute arms to time (default: both; `--precision` picks one).
     #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16"])]
@@ -163,7 +163,7 @@ pub(super) fn run(a: BackboneArgs) -> anyhow::Result<ExitCode> {
     let choice = PeerChoice::parse(&a.peers)?;
     let kern = Kernels::detect();
     opts.kernels = Some(kern);
-    let mut machine = Machine::now(format!("{:?}", kern.isa()));
+    let mut machine = Machine::now(kern.isa().name().to_string());
 
     // Ours first; the model is dropped at the end of this block.
     let t = Instant::now();

@@ -409,7 +409,7 @@ pub(super) fn run(a: DecideArgs) -> anyhow::Result<ExitCode> {
     };
     let choice = PeerChoice::parse(&a.peers)?;
     let kern = Kernels::detect();
-    let mut machine = Machine::now(format!("{:?}", kern.isa()));
+    let mut machine = Machine::now(kern.isa().name().to_string());
 
     let loaded = load(&a.model)?;
     eprintln!(
