@@ -238,6 +238,12 @@ impl Backbone {
             .map(|dir| LoraAdapter::from_release(dir, &store))
             .transpose()?;
         let kern = opts.kernels.unwrap_or_else(Kernels::detect);
+        tracing::info!(
+            isa = kern.isa().name(),
+            "CPU kernels: {} (KEV_ISA={})",
+            kern.isa(),
+            std::env::var("KEV_ISA").unwrap_or_else(|_| "unset".into())
+        );
         Self::from_store(cfg, &store, adapter, opts.merge_adapter, kern)
     }
 

@@ -61,6 +61,8 @@ fn arms(precision: Option<Arm>, listed: &[String]) -> anyhow::Result<Vec<Arm>> {
 struct PeerChoice {
     torch: bool,
     llama: bool,
+    /// llama.cpp on its Q8_0 conversion (8-bit weights), besides BF16.
+    llama_q8: bool,
 }
 
 impl PeerChoice {
@@ -68,24 +70,28 @@ impl PeerChoice {
         let mut c = PeerChoice {
             torch: false,
             llama: false,
+            llama_q8: false,
         };
         for part in s.split(',').map(str::trim) {
             match part {
                 "none" => {}
                 "torch" => c.torch = true,
                 "llama" => c.llama = true,
+                "llama-q8" => c.llama_q8 = true,
                 "all" => {
                     c.torch = true;
                     c.llama = true;
                 }
-                other => anyhow::bail!("--peers: unknown peer `{other}` (none, torch, llama, all)"),
+                other => anyhow::bail!(
+                    "--peers: unknown peer `{other}` (none, torch, llama, llama-q8, all)"
+                ),
             }
         }
         Ok(c)
     }
 
     fn any(self) -> bool {
-        self.torch || self.llama
+        self.torch || self.llama || self.llama_q8
     }
 }
 

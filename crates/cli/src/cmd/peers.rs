@@ -660,14 +660,15 @@ pub fn torch_backbone(
     Ok(run)
 }
 
-/// llama.cpp's prompt processing (`llama-bench -p N -n 0`) on `model` converted to a BF16 GGUF by llama.cpp's own
-/// converter; builds llama.cpp and converts the model on first use (both cached). llama-bench draws its own random
+/// llama.cpp's prompt processing (`llama-bench -p N -n 0`) on `model` converted to a GGUF of `outtype` (`bf16`,
+/// `q8_0`, …) by llama.cpp's own converter; builds llama.cpp and converts the model on first use (both cached). llama-bench draws its own random
 /// prompt ids: prompt processing costs the same whatever the ids, so only the lengths are passed.
 pub fn llama_cpp_backbone(
     env: &PeerEnv,
     model: &Path,
     lengths: &[usize],
     runs: usize,
+    outtype: &str,
 ) -> Result<BackboneRun, PeerError> {
     let peer = Peer::LlamaCpp;
     check_runs(peer, runs)?;
@@ -699,7 +700,7 @@ pub fn llama_cpp_backbone(
         "--model".into(),
         model.into(),
         "--outtype".into(),
-        "bf16".into(),
+        outtype.into(),
         "--tokens".into(),
         tokens.into(),
         "--runs".into(),
@@ -711,7 +712,7 @@ pub fn llama_cpp_backbone(
     let bytes = env.run_script(peer, &python, "llama_cpp.py", &args, &out)?;
     let run = parse_backbone(peer, &bytes, lengths, |raw| {
         format!(
-            "llama.cpp {} bf16",
+            "llama.cpp {} {outtype}",
             str_at(raw, &["llama", "build_commit"]).unwrap_or("?")
         )
     })?;
@@ -970,7 +971,7 @@ mod tests {
         );
         assert!(msg.contains("no python3 >= 3.10"), "{msg}");
         // llama.cpp's setup fails the same way.
-        let err = llama_cpp_backbone(&env, Path::new("m"), &[94], 1).unwrap_err();
+        let err = llama_cpp_backbone(&env, Path::new("m"), &[94], 1, "bf16").unwrap_err();
         assert!(
             err.is_unavailable() && err.peer() == Peer::LlamaCpp,
             "{err}"
@@ -1098,7 +1099,7 @@ mod tests {
             }
         }
         if wants("llama") {
-            done.push(llama_cpp_backbone(&env, &base, &lengths, runs).unwrap());
+            done.push(llama_cpp_backbone(&env, &base, &lengths, runs, "bf16").unwrap());
         }
         for run in &done {
             for t in &run.timings {
