@@ -294,11 +294,20 @@ pub fn reliability<'a>(items: impl IntoIterator<Item = (&'a [f64], usize)>) -> V
 
 /// NLL, Brier, ECE, accuracy of (probabilities, label) pairs.
 pub fn metrics<'a>(items: impl IntoIterator<Item = (&'a [f64], usize)> + Clone) -> Metrics {
+    metrics_with_floor(items, 1e-12)
+}
+
+/// [`metrics`] with the labelled option's probability floored at `floor` for the NLL (`kev eval` reads
+/// probabilities rounded to 4 places, where a small one arrives as 0: it counts as half a unit, 5e-5).
+pub fn metrics_with_floor<'a>(
+    items: impl IntoIterator<Item = (&'a [f64], usize)> + Clone,
+    floor: f64,
+) -> Metrics {
     let mut m = Metrics::default();
     for (p, label) in items.clone() {
         let (arg, c) = top(p);
         m.n += 1;
-        m.nll += -p[label].max(1e-12).ln();
+        m.nll += -p[label].max(floor).ln();
         m.brier += p
             .iter()
             .enumerate()

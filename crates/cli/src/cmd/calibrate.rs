@@ -49,8 +49,11 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Temperature the "before" columns are scored at (default: the head's stored one).
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", conflicts_with = "start_scale")]
     start_temperature: Option<f64>,
+    /// Score "before" at the stored temperature times this (e.g. 3 or 0.333 to start deliberately wrong).
+    #[arg(long, value_name = "X")]
+    start_scale: Option<f64>,
     /// Requests run together (their rows share passes).
     #[arg(long, default_value_t = 8)]
     batch: usize,
@@ -68,7 +71,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let lines = labelled::read(&args.data)?;
     let (kev, info) = load(&args.model, &args.service)?;
     let t0 = kev.head().temperature();
-    let start = args.start_temperature.unwrap_or(t0);
+    let start = args
+        .start_temperature
+        .unwrap_or(t0 * args.start_scale.unwrap_or(1.0));
     if !(start.is_finite() && start > 0.0) {
         bail!("--start-temperature {start} is not a positive number");
     }

@@ -4,7 +4,8 @@
 //! Every figure is computed from response bodies as the wire carries them (probabilities rounded to 4 places,
 //! noul as `P(yes)`), whichever side produced them, so `--model DIR` and `--endpoint` on a server running that
 //! model give the same numbers. Latency is per request as this client sees it (for `--model`, the decision's
-//! time in process). Requests run one at a time, in file order.
+//! time in process). Requests run one at a time, in file order. For the NLL a labelled option whose rounded
+//! probability is 0 counts as 5e-5 (half the rounding unit).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use kev_contract::QuestionKind;
-use kev_decide::calibrate::{Metrics, metrics};
+use kev_decide::calibrate::{Metrics, metrics_with_floor};
 use serde_json::{Value, json};
 
 use crate::cmd::labelled::{self, Line, probabilities_of};
@@ -184,7 +185,8 @@ fn group_metrics(side: &Side, kind: Option<QuestionKind>) -> Metrics {
         .filter(|a| kind.is_none_or(|k| a.kind == k))
         .map(|a| (a.probabilities.as_slice(), a.label))
         .collect();
-    metrics(items.iter().copied())
+    // A labelled option the wire rounded to 0 counts as half the rounding unit.
+    metrics_with_floor(items.iter().copied(), 5e-5)
 }
 
 fn report(side: &Side) -> Value {
@@ -258,7 +260,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         writeln!(
             out,
             "\n{}: latency p50 {:.1} ms, p99 {:.1} ms (client side, one request at a time)",
-            side.name, r["latency_ms"]["p50"], r["latency_ms"]["p99"]
+            side.name,
+            r["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
+            r["latency_ms"]["p99"].as_f64().unwrap_or(0.0)
         )?;
         writeln!(
             out,

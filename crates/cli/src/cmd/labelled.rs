@@ -1,6 +1,7 @@
 //! Labelled data for `kev calibrate` and `kev eval`: JSONL, one SystemOne request per line plus the right option
 //! of its questions, either as a top-level `"labels": {"<question id>": <label>}` or as a `"label"` inside a
-//! question (both are unknown fields to `/v1/systemone`, which ignores them). A label is the option's key: `"true"`
+//! question (both are unknown fields to `/v1/systemone`, which ignores them); or a record holding the request
+//! apart, `{"id": …, "request": {…}, "labels": {…}}` (kev-mini's splits). A label is the option's key: `"true"`
 //! / `"false"` (or JSON `true` / `false`) for noul, the choice name, the level index (`2` or `"2"`) for score.
 //! Unlabelled questions are asked but not scored; a line with no label at all, a label that names no option, or
 //! a label for a question the request does not have is refused with its line number.
@@ -57,8 +58,22 @@ fn line(number: usize, text: &str) -> Result<Line, String> {
     let Some(obj) = v.as_object_mut() else {
         return Err("not a JSON object".into());
     };
+    // A record (`{"id", "request": {…}, "labels": {…}}`, kev-mini's splits) holds the request apart.
+    let outer_labels = if !obj.contains_key("questions")
+        && let Some(Value::Object(_)) = obj.get("request")
+    {
+        let labels = obj.remove("labels");
+        let request = obj.remove("request").unwrap_or(Value::Null);
+        v = request;
+        labels
+    } else {
+        None
+    };
+    let Some(obj) = v.as_object_mut() else {
+        return Err("not a JSON object".into());
+    };
     let mut labels: Vec<(String, Value)> = Vec::new();
-    match obj.remove("labels") {
+    match obj.remove("labels").or(outer_labels) {
         None => {}
         Some(Value::Object(m)) => labels.extend(m),
         Some(_) => return Err("\"labels\" is not an object of question id → option key".into()),
@@ -147,6 +162,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.labels, vec![Some(1), Some(1), Some(1)]);
+        let record = line(
+            2,
+            r#"{"id":"t-1","family":"x","request":{"state":"s","questions":{"a":{"type":"score","criteria":["lo","mid","hi"]}}},"labels":{"a":"2"}}"#,
+        )
+        .unwrap();
+        assert_eq!(record.labels, vec![Some(2)]);
+        let body: Value = serde_json::from_slice(&record.body).unwrap();
+        assert!(body.get("id").is_none() && body.get("labels").is_none() && body["state"] == "s");
         let body: Value = serde_json::from_slice(&ok.body).unwrap();
         assert!(body.get("labels").is_none());
         assert!(body["questions"]["a"].get("label").is_none());
