@@ -32,6 +32,14 @@ pub struct ServiceArgs {
     /// Run every question as its own row from zero, as the author's reference does (no sharing, no cache).
     #[arg(long)]
     pub rows_from_zero: bool,
+    /// Add date facts to states naming two or more dates (`Month D, YYYY` / `YYYY-MM-DD`): one sentence per
+    /// pair with its day count, as the author's `KEV_DATE_FACTS=1` does. Off by default.
+    #[arg(long, env = "KEV_DATE_FACTS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub date_facts: bool,
+    /// Apply the temperatures `kev calibrate` fitted (its `--out` file) in the pointer head instead of the
+    /// stored one.
+    #[arg(long, env = "KEV_CALIBRATION", value_name = "FILE")]
+    pub calibration: Option<PathBuf>,
 }
 
 impl ServiceArgs {
@@ -100,7 +108,31 @@ pub fn load(
     service: &ServiceArgs,
 ) -> anyhow::Result<(kev_decide::Kev<CpuBackend>, ModelInfo)> {
     let spec = model.load_spec(service.settings())?;
-    kev_decide::load_cpu(&spec).with_context(|| format!("loading {}", describe(&spec.source)))
+    let (mut kev, info) = kev_decide::load_cpu(&spec)
+        .with_context(|| format!("loading {}", describe(&spec.source)))?;
+    if let Some(path) = &service.calibration {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let c = kev_decide::Calibration::from_bytes(&bytes)
+            .with_context(|| format!("reading {}", path.display()))?;
+        kev.head_mut().set_calibration(Some(std::sync::Arc::new(c)));
+    }
+    Ok((kev, info))
+}
+
+/// Validate and compile a request body, adding its date facts first when asked (`--date-facts`).
+pub fn admit(
+    kev: &kev_decide::Kev<CpuBackend>,
+    body: &[u8],
+    date_facts: bool,
+) -> Result<kev_decide::Job, kev_decide::Refusal> {
+    if !date_facts {
+        return kev.admit(body);
+    }
+    let request = kev_contract::parse_request(body).map_err(|e| kev_decide::Refusal {
+        status: e.status(),
+        body: e.body(),
+    })?;
+    kev.admit_request(request.with_date_facts())
 }
 
 fn describe(source: &Source) -> String {

@@ -41,6 +41,10 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Prove a model agrees with the author's reference: digests, merge, head, decision gates.
     Accept(cmd::accept::Args),
+    /// Fit the pointer head's temperature on labelled data (for `serve --calibration`), with a report.
+    Calibrate(cmd::calibrate::Args),
+    /// Score a SystemOne server or a local model on labelled data; compare two servers.
+    Eval(cmd::eval::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,8 @@ fn main() -> ExitCode {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Accept(a) => cmd::accept::run(a),
+        Command::Calibrate(a) => cmd::calibrate::run(a),
+        Command::Eval(a) => cmd::eval::run(a),
     };
     match result {
         Ok(code) => code,

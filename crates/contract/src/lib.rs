@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod answers;
+mod dates;
 mod error;
 mod pyfmt;
 mod pyjson;
@@ -21,11 +22,12 @@ pub use answers::{
     AnswerError, choice_confidence, expected_level, first_argmax, py_sum, score_confidence,
     shape_answers,
 };
+pub use dates::{date_facts, with_date_facts};
 pub use error::{ContractError, ErrorDetail, LocItem};
 pub use pyfmt::{float_repr, py_float_number, python_dumps, round4};
 pub use render::{is_py_space, option_text, py_lstrip, render};
 pub use request::{
-    DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_request,
+    DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_request, python_loads,
     refuse_non_json_content, validate,
 };
 pub use response::{ModelCard, ResponseBody, compact_json, models_body};

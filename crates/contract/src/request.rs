@@ -120,23 +120,36 @@ impl ValidRequest {
     pub fn questions(&self) -> &[Question] {
         &self.questions
     }
+
+    /// The request with the date facts added to its state ([`crate::with_date_facts`]), re-rendered.
+    pub fn with_date_facts(mut self) -> Self {
+        self.state = crate::dates::with_date_facts(&self.state);
+        self.rendered_state = render(&self.state);
+        self
+    }
 }
 
 /// Parse and validate a `POST /v1/systemone` body (bytes as received, after any content decoding).
 ///
 /// The body is read as Python's `json.loads` would; an empty body is FastAPI's "body missing" error.
 pub fn parse_request(body: &[u8]) -> Result<ValidRequest, ContractError> {
+    validate(python_loads(body)?)
+}
+
+/// A body read as Python's `json.loads` reads it (FastAPI's errors for an empty or malformed body), as a value
+/// that writes back to JSON which reads and renders the same (`NaN` → `"nan"`, `Infinity` → `1e400`): for
+/// tools that rewrite a request (split its questions, reorder options) before it is answered.
+pub fn python_loads(body: &[u8]) -> Result<Value, ContractError> {
     if body.is_empty() {
         return Err(missing_body());
     }
-    let value = pyjson::loads(body).map_err(|f| match f {
+    pyjson::loads(body).map_err(|f| match f {
         JsonFailure::Decode { pos, msg } => ContractError::InvalidJson {
             position: pos,
             message: msg,
         },
         JsonFailure::Unreadable(reason) => ContractError::Unparseable { reason },
-    })?;
-    validate(value)
+    })
 }
 
 /// What Kev's FastAPI answers for a body sent with a Content-Type that is not `application/json` (or `+json`):

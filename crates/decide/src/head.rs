@@ -4,7 +4,12 @@
 //! The author computes it in fp32; we accumulate in f64 (as the Core AI port does) and round each
 //! probability to f32 once, so the head adds no error of its own next to the backbone's.
 
+use std::sync::Arc;
+
+use kev_contract::QuestionKind;
 use kev_release::head::KevHead;
+
+use crate::calibrate::Calibration;
 
 /// The q/k projections, scale and temperature of a Kev head.
 #[derive(Debug, Clone)]
@@ -17,6 +22,7 @@ pub struct PointerHead {
     k_b: Vec<f32>,
     scale: f64,
     temperature: f64,
+    calibration: Option<Arc<Calibration>>,
 }
 
 /// A head whose shapes do not fit the backbone or each other.
@@ -56,12 +62,23 @@ impl PointerHead {
             k_b: head.k.bias.clone(),
             scale: head.scale(),
             temperature: t,
+            calibration: None,
         })
     }
 
     /// The softmax temperature, as stored.
     pub fn temperature(&self) -> f64 {
         self.temperature
+    }
+
+    /// Serve fitted temperatures (`kev calibrate`) instead of the stored one; `None` puts the stored one back.
+    pub fn set_calibration(&mut self, calibration: Option<Arc<Calibration>>) {
+        self.calibration = calibration;
+    }
+
+    /// The calibration in force, if any.
+    pub fn calibration(&self) -> Option<&Calibration> {
+        self.calibration.as_deref()
     }
 
     /// Head width.
@@ -77,8 +94,23 @@ impl PointerHead {
     }
 
     /// Probabilities of one question's options from the hidden rows: `rows` holds the options'
-    /// `<|box_end|>` states in option order, then the `<|fim_suffix|>` state (`[n + 1, hidden]`).
+    /// `<|box_end|>` states in option order, then the `<|fim_suffix|>` state (`[n + 1, hidden]`). At the
+    /// stored temperature, whatever the calibration.
     pub fn probabilities(&self, rows: &[f32]) -> Vec<f32> {
+        self.probabilities_at(rows, self.temperature)
+    }
+
+    /// [`PointerHead::probabilities`] for a question of type `kind`: at the calibration's temperature for its
+    /// group when one is set, else at the stored one (then bit-equal to `probabilities`).
+    pub fn probabilities_for(&self, rows: &[f32], kind: QuestionKind) -> Vec<f32> {
+        let t = match &self.calibration {
+            None => self.temperature,
+            Some(c) => c.temperature(kind, rows.len() / self.hidden - 1),
+        };
+        self.probabilities_at(rows, t)
+    }
+
+    fn probabilities_at(&self, rows: &[f32], temperature: f64) -> Vec<f32> {
         let n = rows.len() / self.hidden - 1;
         let decide = &rows[n * self.hidden..(n + 1) * self.hidden];
         let q = self.project(&self.q_w, &self.q_b, decide);
@@ -87,7 +119,7 @@ impl PointerHead {
             .map(|h| {
                 let k = self.project(&self.k_w, &self.k_b, h);
                 let s: f64 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
-                s * self.scale / self.temperature
+                s * self.scale / temperature
             })
             .collect();
         softmax(&z)
@@ -211,6 +243,41 @@ mod tests {
             p.iter().cloned().fold(0f32, f32::max) - p.iter().cloned().fold(1f32, f32::min)
         };
         assert!(spread(&flat) < spread(&sharp));
+    }
+
+    #[test]
+    fn calibration_divides_the_logits_per_group() {
+        use crate::calibrate::{Calibration, Grouping};
+        use std::collections::BTreeMap;
+        let rows: Vec<f32> = (0..4 * 8).map(|i| (i as f32 * 0.37).cos()).collect();
+        let mut ph = PointerHead::new(&head(8, 4, 2.4), 8).unwrap();
+        let stored = ph.probabilities(&rows);
+        // No calibration: bit-equal to the stored temperature, whatever the type.
+        for kind in [
+            QuestionKind::Noul,
+            QuestionKind::Choice,
+            QuestionKind::Score,
+        ] {
+            assert_eq!(ph.probabilities_for(&rows, kind), stored);
+        }
+        let mut temperatures = BTreeMap::new();
+        temperatures.insert("choice".to_string(), 0.7);
+        ph.set_calibration(Some(Arc::new(Calibration {
+            by: Grouping::Type,
+            global: 5.0,
+            temperatures,
+            source_sha256: None,
+        })));
+        let at = |t: f64| {
+            PointerHead::new(&head(8, 4, t), 8)
+                .unwrap()
+                .probabilities(&rows)
+        };
+        assert_eq!(ph.probabilities_for(&rows, QuestionKind::Choice), at(0.7));
+        assert_eq!(ph.probabilities_for(&rows, QuestionKind::Score), at(5.0));
+        assert_eq!(ph.probabilities(&rows), stored);
+        ph.set_calibration(None);
+        assert_eq!(ph.probabilities_for(&rows, QuestionKind::Choice), stored);
     }
 
     #[test]

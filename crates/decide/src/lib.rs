@@ -5,10 +5,12 @@
 #![deny(missing_docs)]
 
 pub mod cache;
+pub mod calibrate;
 pub mod head;
 pub mod load;
 pub mod service;
 
+pub use calibrate::Calibration;
 pub use head::PointerHead;
 pub use load::{LoadSpec, ModelInfo, Source, WeightForm, load_cpu};
 pub use service::{DecideError, Decision, Job, Kev, Refusal, Settings, Stats};

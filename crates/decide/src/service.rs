@@ -187,6 +187,11 @@ where
         &self.head
     }
 
+    /// The pointer head, to set a calibration before serving.
+    pub fn head_mut(&mut self) -> &mut PointerHead {
+        &mut self.head
+    }
+
     /// The settings in force.
     pub fn settings(&self) -> &Settings {
         &self.settings
@@ -407,7 +412,9 @@ where
             .collect();
         for (row, h) in branch_rows.iter().zip(hidden) {
             if let (Ok(list), Some(h)) = (&mut out[row.job], h) {
-                list.push(self.head.probabilities(&h));
+                // Branches are in question order, so the list's length is this branch's question.
+                let kind = jobs[row.job].request.questions()[list.len()].kind();
+                list.push(self.head.probabilities_for(&h, kind));
             }
         }
         Ok(out)

@@ -33,7 +33,8 @@ const OPENAPI: &str = include_str!("../openapi.json");
 pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/systemone", post(systemone::<D>))
-        .route("/v1/models", get(models::<D>));
+        .route("/v1/models", get(models::<D>))
+        .merge(crate::tools::routes::<D>());
     if let Some(key) = app.config.api_key.clone().filter(|k| !k.is_empty()) {
         v1 = v1.layer(ValidateRequestHeaderLayer::custom(BearerKey {
             key: Arc::from(key.into_bytes()),
@@ -108,7 +109,7 @@ impl<B> ValidateRequest<B> for BearerKey {
     }
 }
 
-fn request_id(headers: &HeaderMap) -> String {
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
     headers
         .get(&REQUEST_ID)
         .and_then(|v| v.to_str().ok())
@@ -203,7 +204,7 @@ async fn decide<D: Decider>(
 const LINGER_BYTES: usize = 16 << 20;
 
 /// The (decompressed) body, or 413 once it is over `limit`.
-async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
     use http_body_util::BodyExt;
     let mut body = body;
     let mut buf = Vec::new();

@@ -14,7 +14,9 @@
 pub mod error;
 mod http;
 mod metrics_setup;
+pub mod pyrandom;
 pub mod queue;
+mod tools;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,6 +68,12 @@ pub trait Decider: Send + Sync + 'static {
 
     /// The model card fields (everything but `name`): `description`, `release_date`, `x_…` extras.
     fn model_card(&self) -> Value;
+
+    /// `usage.output_tokens` of an answers object (`/v1/systemone/separate` counts its merged answers);
+    /// `None`: the parts' counts are summed instead.
+    fn output_tokens(&self, _answers: &Value) -> Option<usize> {
+        None
+    }
 
     /// Engine counters for `/metrics`.
     fn stats(&self) -> EngineStats {

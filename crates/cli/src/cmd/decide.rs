@@ -9,7 +9,7 @@ use kev_decide::{Job, Kev};
 use kev_engine::CpuBackend;
 use serde_json::{Value, json};
 
-use crate::loading::{ServiceArgs, load};
+use crate::loading::{ServiceArgs, admit, load};
 use crate::model_args::ModelArgs;
 
 /// Answer a request (or a JSONL file of requests) with a local model.
@@ -44,8 +44,15 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (kev, _info) = load(&args.model, &args.service)?;
     match (&args.request, &args.jsonl, &args.out) {
-        (Some(path), _, _) => one(&kev, path, args.debug),
-        (None, Some(input), Some(out)) => many(&kev, input, out, args.debug, args.batch.max(1)),
+        (Some(path), _, _) => one(&kev, path, args.debug, args.service.date_facts),
+        (None, Some(input), Some(out)) => many(
+            &kev,
+            input,
+            out,
+            args.debug,
+            args.batch.max(1),
+            args.service.date_facts,
+        ),
         _ => anyhow::bail!("pass --request FILE, or --jsonl IN --out OUT"),
     }
 }
@@ -60,9 +67,14 @@ fn read_body(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
     }
 }
 
-fn one(kev: &Kev<CpuBackend>, path: &PathBuf, debug: bool) -> anyhow::Result<ExitCode> {
+fn one(
+    kev: &Kev<CpuBackend>,
+    path: &PathBuf,
+    debug: bool,
+    date_facts: bool,
+) -> anyhow::Result<ExitCode> {
     let body = read_body(path)?;
-    let job = match kev.admit(&body) {
+    let job = match admit(kev, &body, date_facts) {
         Ok(job) => job,
         Err(refusal) => {
             println!(
@@ -102,6 +114,7 @@ fn many(
     out: &PathBuf,
     debug: bool,
     batch: usize,
+    date_facts: bool,
 ) -> anyhow::Result<ExitCode> {
     let file =
         std::fs::File::open(input).with_context(|| format!("opening {}", input.display()))?;
@@ -126,7 +139,7 @@ fn many(
         let admitted: Vec<Result<Job, Value>> = chunk
             .iter()
             .map(|line| {
-                kev.admit(line.as_bytes())
+                admit(kev, line.as_bytes(), date_facts)
                     .map_err(|r| json!({"status": r.status, "body": r.body}))
             })
             .collect();

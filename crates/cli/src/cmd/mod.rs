@@ -2,7 +2,10 @@
 
 pub mod accept;
 pub mod bench;
+pub mod calibrate;
 pub mod decide;
+pub mod eval;
+pub mod labelled;
 pub mod peers;
 pub mod prepare;
 pub mod rows;

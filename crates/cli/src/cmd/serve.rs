@@ -16,7 +16,7 @@ use kev_engine::CpuBackend;
 use kev_server::{Admission, ApiError, Decider, EngineStats, ServerConfig};
 use serde_json::Value;
 
-use crate::loading::{ServiceArgs, demo_release, load};
+use crate::loading::{ServiceArgs, admit, demo_release, load};
 use crate::model_args::ModelArgs;
 
 /// Serve the SystemOne HTTP API.
@@ -62,15 +62,14 @@ pub struct Args {
 struct ServedModel {
     kev: Kev<CpuBackend>,
     card: Value,
+    date_facts: bool,
 }
 
 impl Decider for ServedModel {
     type Job = Job;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
-        let job = self
-            .kev
-            .admit(body)
+        let job = admit(&self.kev, body, self.date_facts)
             .map_err(|r| ApiError::with_body(r.status, r.body))?;
         Ok(Admission {
             tokens: job.tokens(),
@@ -104,6 +103,10 @@ impl Decider for ServedModel {
         self.card.clone()
     }
 
+    fn output_tokens(&self, answers: &Value) -> Option<usize> {
+        self.kev.tokenizer().output_tokens(answers).ok()
+    }
+
     fn stats(&self) -> EngineStats {
         let s = self.kev.stats();
         EngineStats {
@@ -127,7 +130,12 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let api_key = api_key(args.api_key_file.as_ref())?;
     let (kev, info) = load(&args.model, &args.service)?;
     let settings: Settings = kev.settings().clone();
-    let card = card(&info, &settings, args.demo);
+    let mut card = card(&info, &settings, args.demo);
+    if let Some(obj) = card.as_object_mut() {
+        let calibration = kev.head().calibration().map(|c| c.card());
+        obj.insert("x_calibration".into(), calibration.unwrap_or(Value::Null));
+        obj.insert("x_date_facts".into(), Value::Bool(args.service.date_facts));
+    }
     let mut names = vec!["kev-latest".to_string(), "jev-latest".to_string()];
     for a in &args.aliases {
         if !a.is_empty() && !names.contains(a) {
@@ -150,7 +158,11 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         names = ?config.model_names,
         "starting the server"
     );
-    let decider = Arc::new(ServedModel { kev, card });
+    let decider = Arc::new(ServedModel {
+        kev,
+        card,
+        date_facts: args.service.date_facts,
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,0 +1,279 @@
+//! `kev calibrate`: fit the pointer head's temperature on labelled data (the math is `kev_decide::calibrate`),
+//! print and write the report, draw the reliability diagram.
+//!
+//! The model answers every labelled request once at its stored temperature `T0`; a question's logits are read
+//! back as `z_j = T0 · ln p_j` (the softmax's constant drops out), exact to the fp32 rounding of `p`
+//! (|Δz| ≤ T0 · 6e-8). An option whose fp32 probability underflowed to 0 (a logit gap over ~103·T0) is counted
+//! and given the smallest positive fp32 instead.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use kev_decide::calibrate::{self, Bin, FitOptions, GroupReport, Grouping, Scored};
+use serde_json::json;
+
+use crate::cmd::labelled;
+use crate::loading::{ServiceArgs, admit, load};
+use crate::model_args::ModelArgs;
+
+/// Fit temperatures on labelled data; write them for `kev serve --calibration`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    service: ServiceArgs,
+    /// Labelled requests, JSONL: a SystemOne request per line plus `"labels": {"<question id>": "<option key>"}`
+    /// (or a `"label"` inside each question).
+    #[arg(long, value_name = "FILE")]
+    data: PathBuf,
+    /// One temperature for all questions, or one per question type, per option-count bucket (2, 3-5, 6-10,
+    /// 11+), or per both.
+    #[arg(long, default_value = "global", value_parser = ["global", "type", "options", "type+options"])]
+    by: String,
+    /// Where to write the calibration (temperatures and the report, JSON).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// The reliability diagram (PNG; default: `--out` with the extension `.png`).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Folds for the out-of-fold estimates (whole request lines per fold).
+    #[arg(long, default_value_t = 5)]
+    folds: usize,
+    /// Bootstrap resamples for the temperature's 95 % interval (0: none).
+    #[arg(long, default_value_t = 200)]
+    bootstrap: usize,
+    /// Seed of the folds and the bootstrap.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Temperature the "before" columns are scored at (default: the head's stored one).
+    #[arg(long, value_name = "T", conflicts_with = "start_scale")]
+    start_temperature: Option<f64>,
+    /// Score "before" at the stored temperature times this (e.g. 3 or 0.333 to start deliberately wrong).
+    #[arg(long, value_name = "X")]
+    start_scale: Option<f64>,
+    /// Requests run together (their rows share passes).
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.service.calibration.is_some() {
+        bail!(
+            "kev calibrate fits from the head's stored temperature; drop --calibration (KEV_CALIBRATION)"
+        );
+    }
+    let by: Grouping = args.by.parse().map_err(anyhow::Error::msg)?;
+    let data_bytes =
+        std::fs::read(&args.data).with_context(|| format!("reading {}", args.data.display()))?;
+    let lines = labelled::read(&args.data)?;
+    let (kev, info) = load(&args.model, &args.service)?;
+    let t0 = kev.head().temperature();
+    let start = args
+        .start_temperature
+        .unwrap_or(t0 * args.start_scale.unwrap_or(1.0));
+    if !(start.is_finite() && start > 0.0) {
+        bail!("--start-temperature {start} is not a positive number");
+    }
+
+    let mut items: Vec<Scored> = Vec::new();
+    let mut underflow = 0usize;
+    for (chunk_i, chunk) in lines.chunks(args.batch.max(1)).enumerate() {
+        let jobs = chunk
+            .iter()
+            .map(|l| {
+                admit(&kev, &l.body, args.service.date_facts).map_err(|r| {
+                    anyhow::anyhow!(
+                        "{}:{}: refused by the model ({}): {}",
+                        args.data.display(),
+                        l.number,
+                        r.status,
+                        r.body
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let refs: Vec<&kev_decide::Job> = jobs.iter().collect();
+        for (k, (line, result)) in chunk.iter().zip(kev.run(&refs)).enumerate() {
+            let decision = result.with_context(|| {
+                format!("{}:{}: the model failed", args.data.display(), line.number)
+            })?;
+            for (q, label) in line.labelled() {
+                let logits = decision.probabilities[q]
+                    .iter()
+                    .map(|&p| {
+                        if p <= 0.0 {
+                            underflow += 1;
+                        }
+                        t0 * (p.max(f32::from_bits(1)) as f64).ln()
+                    })
+                    .collect();
+                items.push(Scored {
+                    logits,
+                    label,
+                    kind: line.request.questions()[q].kind(),
+                    line: chunk_i * args.batch.max(1) + k,
+                });
+            }
+        }
+    }
+
+    let opts = FitOptions {
+        by,
+        folds: args.folds,
+        bootstrap: args.bootstrap,
+        seed: args.seed,
+        start_temperature: start,
+    };
+    let fit = calibrate::fit(&items, &opts).map_err(anyhow::Error::msg)?;
+    let source = json!({
+        "data": args.data.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "data_sha256": calibrate::sha256_hex(&data_bytes),
+        "lines": lines.len(),
+        "questions": items.len(),
+        "underflowed_options": underflow,
+        "head_temperature": t0,
+        "model": info.card(kev.settings())["description"],
+        "date_facts": args.service.date_facts,
+    });
+    let file = fit.to_file(&opts, source);
+    let mut text = serde_json::to_string_pretty(&file)?;
+    text.push('\n');
+    std::fs::write(&args.out, &text).with_context(|| format!("writing {}", args.out.display()))?;
+    let plot = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| args.out.with_extension("png"));
+    draw(&plot, &fit.reliability_before, &fit.reliability_after)
+        .with_context(|| format!("drawing {}", plot.display()))?;
+
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "kev calibrate: {} questions from {} lines, by {}; head T0 = {t0:.6}, scored before at T = {start:.6}; \
+         after = out of fold ({} folds); T interval = bootstrap 95 % ({} draws)",
+        items.len(),
+        lines.len(),
+        by.name(),
+        args.folds,
+        args.bootstrap
+    )?;
+    write!(out, "{}", table(&fit.groups))?;
+    writeln!(
+        out,
+        "\nreliability (all questions; the PNG draws these bins without text: bars = accuracy, ticks = mean confidence, \
+         left before, right after)"
+    )?;
+    write!(
+        out,
+        "{}",
+        reliability_table(&fit.reliability_before, &fit.reliability_after)
+    )?;
+    if underflow > 0 {
+        writeln!(
+            out,
+            "note: {underflow} option probabilities underflowed fp32 at T0; their logits are bounds"
+        )?;
+    }
+    writeln!(out, "wrote {} and {}", args.out.display(), plot.display())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn table(groups: &[GroupReport]) -> String {
+    let mut s = format!(
+        "{:<16} {:>6} {:>9} {:>21}  {:>17}  {:>17}  {:>17}  {:>15}\n",
+        "group", "n", "T", "95% interval", "NLL before→after", "Brier", "ECE-15", "accuracy"
+    );
+    for g in groups {
+        let interval = g
+            .interval
+            .map(|[a, b]| format!("[{a:.4}, {b:.4}]"))
+            .unwrap_or_else(|| "-".into());
+        s.push_str(&format!(
+            "{:<16} {:>6} {:>9.4} {:>21}  {:>7.4} → {:<7.4}  {:>7.4} → {:<7.4}  {:>7.4} → {:<7.4}  {:>6.4} → {:<6.4}\n",
+            g.group,
+            g.n,
+            g.temperature,
+            interval,
+            g.before.nll,
+            g.after.nll,
+            g.before.brier,
+            g.after.brier,
+            g.before.ece,
+            g.after.ece,
+            g.before.accuracy,
+            g.after.accuracy,
+        ));
+    }
+    s
+}
+
+fn reliability_table(before: &[Bin], after: &[Bin]) -> String {
+    let mut s = format!(
+        "{:<13} {:>6} {:>8} {:>8}   {:>6} {:>8} {:>8}\n",
+        "confidence", "n", "conf", "acc", "n", "conf", "acc"
+    );
+    for (b, a) in before.iter().zip(after) {
+        s.push_str(&format!(
+            "[{:.3}, {:.3}) {:>6} {:>8.4} {:>8.4}   {:>6} {:>8.4} {:>8.4}\n",
+            b.lo, b.hi, b.count, b.confidence, b.accuracy, a.count, a.confidence, a.accuracy
+        ));
+    }
+    s
+}
+
+/// Two reliability panels (before, after) with no text: plotters' bitmap backend draws text only with a font
+/// feature, and the numbers are in the text table anyway. In each 400×400 panel: the diagonal (grey), a bar per
+/// bin up to its accuracy (blue, its width the bin's, lighter when it holds under 1 % of the questions), a red tick
+/// at the bin's mean confidence.
+fn draw(path: &Path, before: &[Bin], after: &[Bin]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(path, (900, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let total: usize = before.iter().map(|b| b.count).sum::<usize>().max(1);
+    for (panel, bins) in [before, after].into_iter().enumerate() {
+        let (x0, y0, size) = (40 + panel as i32 * 440, 40, 400);
+        let px = |v: f64| x0 + (v * size as f64).round() as i32;
+        let py = |v: f64| y0 + size - (v * size as f64).round() as i32;
+        let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("{e}");
+        for bin in bins {
+            if bin.count == 0 {
+                continue;
+            }
+            let sparse = bin.count * 100 < total;
+            let fill = if sparse {
+                RGBColor(170, 190, 230)
+            } else {
+                RGBColor(50, 90, 200)
+            };
+            root.draw(&Rectangle::new(
+                [
+                    (px(bin.lo) + 1, py(bin.accuracy)),
+                    (px(bin.hi) - 1, py(0.0)),
+                ],
+                fill.filled(),
+            ))
+            .map_err(err)?;
+            let y = py(bin.confidence);
+            root.draw(&PathElement::new(
+                vec![(px(bin.lo), y), (px(bin.hi), y)],
+                RED.stroke_width(3),
+            ))
+            .map_err(err)?;
+        }
+        root.draw(&PathElement::new(
+            vec![(px(0.0), py(0.0)), (px(1.0), py(1.0))],
+            RGBColor(120, 120, 120).stroke_width(1),
+        ))
+        .map_err(err)?;
+        root.draw(&Rectangle::new(
+            [(px(0.0), py(1.0)), (px(1.0), py(0.0))],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err)?;
+    }
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}

@@ -1,0 +1,558 @@
+//! The tool belt end to end on the synthetic release (`fixtures/release`): `kev serve --demo` answering
+//! `/v1/systemone/separate` and `/permute` against `/v1/systemone` on every fixture request; `kev calibrate`
+//! on labelled data drawn from the model itself at a known temperature, started from wrong temperatures; the
+//! fitted file served (`--calibration`) and reported by `/v1/models`; `kev eval` over HTTP against `kev eval
+//! --model`; date facts in `kev decide`.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
+}
+
+fn kev() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kev"));
+    c.env("KEV_LOG", "warn");
+    for v in [
+        "KEV_DATE_FACTS",
+        "KEV_CALIBRATION",
+        "KEV_MODEL",
+        "KEV_PORT",
+        "KEV_API_KEY",
+    ] {
+        c.env_remove(v);
+    }
+    c
+}
+
+fn with_release(c: &mut Command) -> &mut Command {
+    let r = fixtures().join("release");
+    c.arg("--base")
+        .arg(r.join("base"))
+        .arg("--kev")
+        .arg(r.join("kev"))
+}
+
+/// A `kev serve --demo` child on a free port, killed on drop.
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    fn start(extra: &[&str]) -> Served {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = kev()
+            .args(["serve", "--demo", "--port", &port.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Served {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(180) {
+            if let Ok(r) = ureq::get(&format!("{}/ready", s.base)).call()
+                && r.status() == 200
+            {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("kev serve never became ready");
+    }
+
+    fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let r = ureq::post(&format!("{}{path}", self.base))
+            .set("content-type", "application/json")
+            .send_bytes(body);
+        let r = match r {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{e}"),
+        };
+        (
+            r.status(),
+            serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+        )
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn valid_requests() -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join("requests/valid"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            (
+                p.file_stem().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn separate_and_permute_agree_with_systemone_on_every_fixture_request() {
+    let s = Served::start(&[]);
+    let mut permuted = 0;
+    for (name, body) in valid_requests() {
+        let (st, plain) = s.post("/v1/systemone", &body);
+        assert_eq!(st, 200, "{name}: {plain}");
+        let (st, sep) = s.post("/v1/systemone/separate", &body);
+        assert_eq!(st, 200, "{name}: {sep}");
+        // Bit for bit: the numbers carry the same text.
+        assert_eq!(sep["answers"], plain["answers"], "{name}");
+        assert_eq!(sep["model"], plain["model"], "{name}");
+        let n = plain["answers"].as_object().unwrap().len() as u64;
+        let sep_in = sep["usage"]["input_tokens"].as_u64().unwrap();
+        let plain_in = plain["usage"]["input_tokens"].as_u64().unwrap();
+        assert!(
+            sep_in >= plain_in && (n > 1 || sep_in == plain_in),
+            "{name}: {sep_in} vs {plain_in}"
+        );
+        assert_eq!(
+            sep["usage"]["output_tokens"], plain["usage"]["output_tokens"],
+            "{name}"
+        );
+
+        // Permute the first choice question of the request (3 orders).
+        let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let Some(q) = plain["answers"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .find(|(_, a)| a["type"] == "choice")
+            .map(|(k, _)| k.clone())
+        else {
+            continue;
+        };
+        if request.is_null() {
+            continue; // NaN literals: serde_json cannot write the envelope (the server reads them fine)
+        }
+        let env = json!({"request": request, "question": q, "n_perm": 3, "seed": 1});
+        let (st, perm) = s.post("/v1/systemone/permute", &serde_json::to_vec(&env).unwrap());
+        assert_eq!(st, 200, "{name}: {perm}");
+        let runs = perm["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 3);
+        assert_eq!(
+            runs[0]["probabilities"], plain["answers"][&q]["probabilities"],
+            "{name}"
+        );
+        assert_eq!(runs[0]["choice"], plain["answers"][&q]["choice"], "{name}");
+        let keys: Vec<String> = plain["answers"][&q]["probabilities"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(runs[0]["order"], json!(keys));
+        for (k, v) in perm["spread"].as_object().unwrap() {
+            let xs: Vec<f64> = runs
+                .iter()
+                .map(|r| r["probabilities"][k].as_f64().unwrap())
+                .collect();
+            let hi = xs.iter().cloned().fold(f64::MIN, f64::max);
+            let lo = xs.iter().cloned().fold(f64::MAX, f64::min);
+            assert_eq!(v.as_f64().unwrap(), hi - lo, "{name} {k}");
+        }
+        let stable = runs.windows(2).all(|w| w[0]["choice"] == w[1]["choice"]);
+        assert_eq!(perm["argmax_stable"], json!(stable), "{name}");
+        permuted += 1;
+    }
+    assert!(
+        permuted >= 10,
+        "only {permuted} fixtures had a choice question"
+    );
+}
+
+/// SplitMix64, for drawing labels.
+struct Rng(u64);
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+const WORDS: [&str; 16] = [
+    "refund", "invoice", "login", "crash", "upgrade", "delivery", "password", "billing", "late",
+    "broken", "thanks", "cancel", "discount", "error", "account", "shipping",
+];
+
+/// `lines` requests, each with a noul, a choice (2–7 options) and a score (3–5 levels) question.
+fn requests(lines: usize) -> Vec<Value> {
+    let mut rng = Rng(42);
+    let mut pick = |n: usize| (rng.unit() * n as f64) as usize;
+    (0..lines)
+        .map(|i| {
+            let state: Vec<&str> = (0..6).map(|_| WORDS[pick(16)]).collect();
+            let k = 2 + pick(6);
+            let criteria: Map<String, Value> = (0..k).map(|j| (WORDS[(i + 3 * j) % 16].to_string() + &j.to_string(), Value::Null)).collect();
+            let levels: Vec<Value> = (0..3 + pick(3)).map(|j| json!(format!("level {j}"))).collect();
+            json!({
+                "state": format!("Ticket {i}: {}", state.join(" ")),
+                "questions": {
+                    "urgent": {"type": "noul", "instructions": format!("Is it about {}?", WORDS[pick(16)])},
+                    "topic": {"type": "choice", "instructions": "Which topic?", "criteria": criteria},
+                    "tone": {"type": "score", "instructions": "How upset?", "criteria": levels},
+                }
+            })
+        })
+        .collect()
+}
+
+fn write_jsonl(path: &Path, rows: &[Value]) {
+    let mut f = std::fs::File::create(path).unwrap();
+    for r in rows {
+        writeln!(f, "{}", serde_json::to_string(r).unwrap()).unwrap();
+    }
+}
+
+/// Labels drawn from the model's own unrounded probabilities at its stored temperature: data on which that
+/// temperature is right by construction.
+fn labelled(dir: &Path, lines: usize) -> PathBuf {
+    let reqs = requests(lines);
+    let input = dir.join("requests.jsonl");
+    let answers = dir.join("answers.jsonl");
+    write_jsonl(&input, &reqs);
+    let out = with_release(kev().arg("decide"))
+        .args(["--debug", "--jsonl"])
+        .arg(&input)
+        .arg("--out")
+        .arg(&answers)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut rng = Rng(7);
+    let rows: Vec<Value> = std::fs::read_to_string(&answers)
+        .unwrap()
+        .lines()
+        .zip(&reqs)
+        .map(|(line, req)| {
+            let resp: Value = serde_json::from_str(line).unwrap();
+            let mut labels = Map::new();
+            for q in resp["x_debug"]["questions"].as_array().unwrap() {
+                let p: Vec<f64> = q["probabilities"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect();
+                let u = rng.unit();
+                let mut acc = 0.0;
+                let mut pick = p.len() - 1;
+                for (j, v) in p.iter().enumerate() {
+                    acc += v;
+                    if u < acc {
+                        pick = j;
+                        break;
+                    }
+                }
+                let id = q["id"].as_str().unwrap();
+                let rq = &req["questions"][id];
+                let key = match rq["type"].as_str().unwrap() {
+                    "noul" => json!(["false", "true"][pick]),
+                    "choice" => json!(
+                        rq["criteria"]
+                            .as_object()
+                            .unwrap()
+                            .keys()
+                            .nth(pick)
+                            .unwrap()
+                    ),
+                    _ => json!(pick),
+                };
+                labels.insert(id.to_string(), key);
+            }
+            let mut row = req.clone();
+            row["labels"] = Value::Object(labels);
+            row
+        })
+        .collect();
+    let data = dir.join("labelled.jsonl");
+    write_jsonl(&data, &rows);
+    data
+}
+
+fn calibrate(data: &Path, out: &Path, by: &str, start: f64) -> Value {
+    let run = with_release(kev().arg("calibrate"))
+        .arg("--data")
+        .arg(data)
+        .args([
+            "--by",
+            by,
+            "--bootstrap",
+            "100",
+            "--start-temperature",
+            &start.to_string(),
+        ])
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = String::from_utf8_lossy(&run.stdout);
+    eprintln!("{text}");
+    assert!(
+        text.contains("ECE-15") && text.contains("reliability"),
+        "{text}"
+    );
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+fn head_temperature() -> f64 {
+    let h: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("expected/head.json")).unwrap(),
+    )
+    .unwrap();
+    h["temperature"].as_f64().unwrap()
+}
+
+fn eval(args: &[&str], data: &Path, json_out: &Path) -> Value {
+    let out = kev()
+        .arg("eval")
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .arg("--json")
+        .arg(json_out)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    serde_json::from_str(&std::fs::read_to_string(json_out).unwrap()).unwrap()
+}
+
+#[test]
+fn calibrate_repairs_wrong_temperatures_and_serving_it_matches_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = labelled(dir.path(), 240);
+    let t0 = head_temperature();
+    for (scale, by) in [(3.0, "global"), (1.0 / 3.0, "type")] {
+        let out = dir.path().join(format!("calib-{by}.json"));
+        let file = calibrate(&data, &out, by, t0 * scale);
+        let all = &file["groups"][0];
+        assert_eq!(all["group"], "all");
+        let (before, after) = (&all["before"], &all["after"]);
+        let f = |v: &Value| v.as_f64().unwrap();
+        eprintln!(
+            "start ×{scale:.3} by {by}: ECE {} → {}, NLL {} → {}, T {}",
+            before["ece"], after["ece"], before["nll"], after["nll"], all["temperature"]
+        );
+        assert!(
+            f(&after["ece"]) <= 0.5 * f(&before["ece"]),
+            "×{scale}: {all}"
+        );
+        assert!(f(&after["nll"]) < f(&before["nll"]), "×{scale}: {all}");
+        // The data's temperature is the stored one: the fit lands near it, inside its interval.
+        let t = f(&all["temperature"]);
+        let [lo, hi] = [f(&all["interval"][0]), f(&all["interval"][1])];
+        assert!(lo <= t && t <= hi, "{all}");
+        assert!(
+            (t / t0).ln().abs() < 0.4_f64,
+            "fitted {t} vs the data's {t0}"
+        );
+        assert!(out.with_extension("png").is_file());
+        let png = std::fs::read(out.with_extension("png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+
+    // Serve the per-type file: /v1/models reports it; the served answers score as the report says (in sample,
+    // at the fitted temperatures); kev eval over HTTP equals kev eval --model.
+    let calib = dir.path().join("calib-type.json");
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&calib).unwrap()).unwrap();
+    let s = Served::start(&["--calibration", calib.to_str().unwrap()]);
+    let models: Value = serde_json::from_str(
+        &ureq::get(&format!("{}/v1/models", s.base))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    let card = &models["models"][0]["x_calibration"];
+    let sha = {
+        let bytes = std::fs::read(&calib).unwrap();
+        kev_decide::calibrate::sha256_hex(&bytes)
+    };
+    assert_eq!(card["sha256"], json!(sha));
+    assert_eq!(card["by"], "type");
+    assert_eq!(card["temperatures"], file["temperatures"]);
+    let http = eval(
+        &["--endpoint", &s.base],
+        &data,
+        &dir.path().join("eval-http.json"),
+    );
+    let local = eval(
+        &[
+            "--base",
+            fixtures().join("release/base").to_str().unwrap(),
+            "--kev",
+            fixtures().join("release/kev").to_str().unwrap(),
+            "--calibration",
+            calib.to_str().unwrap(),
+        ],
+        &data,
+        &dir.path().join("eval-model.json"),
+    );
+    assert_eq!(http["sides"][0]["groups"], local["sides"][0]["groups"]);
+    let served_ece = http["sides"][0]["groups"]["all"]["ece"].as_f64().unwrap();
+    let report_ece = file["groups"][0]["after_in_sample"]["ece"]
+        .as_f64()
+        .unwrap();
+    eprintln!("served ECE {served_ece} vs report (in sample) {report_ece}");
+    // Served probabilities are rounded to 4 places; that moves ECE by far less than this.
+    assert!(
+        (served_ece - report_ece).abs() < 2e-3,
+        "{served_ece} vs {report_ece}"
+    );
+    let served_nll = http["sides"][0]["groups"]["all"]["nll"].as_f64().unwrap();
+    let report_nll = file["groups"][0]["after_in_sample"]["nll"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (served_nll - report_nll).abs() < 2e-3,
+        "{served_nll} vs {report_nll}"
+    );
+
+    // --compare against a server without the calibration: both printed, agreement reported.
+    let plain = Served::start(&[]);
+    let cmp = eval(
+        &["--endpoint", &s.base, "--compare", &plain.base],
+        &data,
+        &dir.path().join("cmp.json"),
+    );
+    assert_eq!(cmp["sides"].as_array().unwrap().len(), 2);
+    // Temperature never changes the top option: full agreement.
+    assert_eq!(cmp["comparison"]["top_option_agreement"], json!(1.0));
+}
+
+#[test]
+fn calibrate_refuses_unusable_data_with_the_line_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &data,
+        "{\"state\":\"x\",\"questions\":{\"a\":{\"type\":\"noul\"}},\"labels\":{\"a\":\"true\"}}\n\n{\"state\":\"x\",\"questions\":{\"a\":{\"type\":\"noul\"}},\"labels\":{\"a\":\"maybe\"}}\n",
+    )
+    .unwrap();
+    let out = with_release(kev().arg("calibrate"))
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(dir.path().join("c.json"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.jsonl:3:") && err.contains("maybe"),
+        "{err}"
+    );
+}
+
+#[test]
+fn date_facts_reach_the_model_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let req = dir.path().join("r.json");
+    std::fs::write(
+        &req,
+        br#"{"state":{"ordered":"July 22, 2026","delivered":"2026-08-03"},"questions":{"late":{"type":"noul","instructions":"Was it late?"}}}"#,
+    )
+    .unwrap();
+    let run = |env: Option<&str>, flag: bool| -> Value {
+        let mut c = kev();
+        if let Some(v) = env {
+            c.env("KEV_DATE_FACTS", v);
+        }
+        let c = with_release(c.arg("decide"));
+        if flag {
+            c.arg("--date-facts");
+        }
+        let out = c.arg("--request").arg(&req).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let off = run(None, false);
+    let on = run(None, true);
+    let env_on = run(Some("1"), false);
+    let env_off = run(Some("0"), false);
+    // The sentence "2026-08-03 is 12 days after July 22, 2026." adds state tokens.
+    assert!(on["usage"]["input_tokens"].as_u64() > off["usage"]["input_tokens"].as_u64());
+    assert_eq!(on, env_on);
+    assert_eq!(off, env_off);
+    // What the model read: the rows kev rows shows for the rewritten request.
+    let rewritten = dir.path().join("w.json");
+    std::fs::write(
+        &rewritten,
+        br#"{"state":{"ordered":"July 22, 2026","delivered":"2026-08-03","date_facts":"2026-08-03 is 12 days after July 22, 2026."},"questions":{"late":{"type":"noul","instructions":"Was it late?"}}}"#,
+    )
+    .unwrap();
+    let out = with_release(kev().arg("decide"))
+        .arg("--request")
+        .arg(&rewritten)
+        .output()
+        .unwrap();
+    let by_hand: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(on["answers"], by_hand["answers"]);
+    assert_eq!(on["usage"], by_hand["usage"]);
+}
+
+#[test]
+fn help_lists_the_new_commands_and_flags() {
+    let out = kev().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("calibrate") && text.contains("eval"),
+        "{text}"
+    );
+    let out = kev().args(["serve", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--calibration")
+            && text.contains("--date-facts")
+            && text.contains("KEV_DATE_FACTS"),
+        "{text}"
+    );
+}
