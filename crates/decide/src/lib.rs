@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod head;
 pub mod load;
+pub mod rows;
 pub mod service;
 
 pub use head::PointerHead;
