@@ -33,6 +33,14 @@ def test_decide_many_equals_the_cli(model, valid_bodies, cli_valid):
     assert got == [json.loads(line) for line in cli_valid]
 
 
+def test_the_wrong_model_is_caught(valid_bodies, cli_valid):
+    """Negative control: the seed-2 release answers differently, and the comparison sees it."""
+    wrong = ROOT / "fixtures" / "release-wrong"
+    m = kev.Model(base=wrong / "base", kev=wrong / "kev", cache_bytes=0)
+    got = m.decide_jsonl(valid_bodies)
+    assert sum(a != b for a, b in zip(got, cli_valid)) > len(cli_valid) // 2
+
+
 def test_own_thread_pool_and_no_cache_change_no_bit(valid_bodies, cli_valid):
     m = kev.Model(base=BASE, kev=KEV, cache_bytes=0, threads=1, pass_tokens=512)
     assert m.decide_jsonl(valid_bodies) == cli_valid

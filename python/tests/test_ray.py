@@ -99,9 +99,18 @@ def test_ray_pipeline_equals_the_cli(cluster, tmp_path, capsys):
         assert by_id[d["id"]] == line, d["id"]
         assert ("answers" in json.loads(line)) == (d["id"] != REFUSED), line[:200]
 
+    # The engine's own time for the same requests, warm, in one process (no start-up, no load).
+    import kev
+
+    m = kev.Model(base=BASE, kev=KEV, cache_bytes=0)
+    t0 = time.perf_counter()
+    assert m.decide_jsonl(lines) == cli
+    warm_s = time.perf_counter() - t0
+
     with capsys.disabled():
         print(
-            f"\nray_decide: {DOCUMENTS} documents, 2 actors × 1 CPU: {ray_s:.1f} s ({DOCUMENTS / ray_s:.1f} req/s, "
-            f"incl. actor start and model loads); kev decide --jsonl: {cli_s:.1f} s ({DOCUMENTS / cli_s:.1f} req/s, incl. "
-            f"one model load)"
+            f"\nthroughput, {DOCUMENTS} requests: ray_decide 2 actors x 1 CPU {ray_s:.1f} s ({DOCUMENTS / ray_s:.1f} req/s, "
+            f"incl. actor start-up and 2 model loads); kev decide --jsonl {cli_s:.1f} s ({DOCUMENTS / cli_s:.1f} req/s, "
+            f"incl. process start and 1 model load); warm kev.Model.decide_jsonl {warm_s:.1f} s "
+            f"({DOCUMENTS / warm_s:.1f} req/s)"
         )
