@@ -58,22 +58,7 @@ impl ServiceArgs {
     }
 }
 
-/// An eighth of physical memory, at most 4 GiB (512 MiB if it cannot be read).
-pub fn default_cache_bytes() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<usize>().ok())
-        })
-        .map(|kb| kb * 1024);
-    match total {
-        Some(t) => (t / 8).min(4 << 30),
-        None => 512 << 20,
-    }
-}
+pub use kev_decide::load::default_cache_bytes;
 
 impl ModelArgs {
     /// The load specification these flags name.

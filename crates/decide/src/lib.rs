@@ -8,6 +8,7 @@ pub mod cache;
 pub mod calibrate;
 pub mod head;
 pub mod load;
+pub mod rows;
 pub mod service;
 
 pub use calibrate::Calibration;

@@ -146,6 +146,24 @@ impl ModelInfo {
     }
 }
 
+/// The prepared-state cache budget every front end defaults to: an eighth of physical memory, at most
+/// 4 GiB (512 MiB if it cannot be read).
+pub fn default_cache_bytes() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map(|kb| kb * 1024);
+    match total {
+        Some(t) => (t / 8).min(4 << 30),
+        None => 512 << 20,
+    }
+}
+
 /// The compute arm a CPU gets by default: bf16 with native BF16 dot products, else fp32.
 pub fn default_arm() -> Arm {
     if Kernels::detect().isa() == kev_engine::kernels::Isa::Avx512Bf16 {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use kev_tokenize::{KevTokenizer, Limits, TokenizeError};
-use serde_json::{Map, Value, json};
+use kev_decide::rows::rows;
+use kev_tokenize::{KevTokenizer, Limits};
 
 /// Show what a request compiles to (token rows, readout indices, usage) without running a model.
 #[derive(clap::Args)]
@@ -42,57 +42,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
-/// `Ok(Ok(rows))`, `Ok(Err({"status", "body"}))` for a request the server would refuse, `Err` for a fault.
-fn rows(tok: &KevTokenizer, body: &[u8], limits: &Limits) -> anyhow::Result<Result<Value, Value>> {
-    let req = match kev_contract::parse_request(body) {
-        Ok(r) => r,
-        Err(e) => return Ok(Err(json!({ "status": e.status(), "body": e.body() }))),
-    };
-    let compiled = match tok.compile(&req, limits) {
-        Ok(c) => c,
-        Err(e @ TokenizeError::Encode(_)) => return Err(e.into()),
-        Err(e) => return Ok(Err(json!({ "status": e.status(), "body": e.body() }))),
-    };
-    let state_len = compiled.state_ids().len();
-    let questions: Vec<Value> = req
-        .questions()
-        .iter()
-        .zip(compiled.branches())
-        .enumerate()
-        .map(|(k, (q, b))| {
-            let row = compiled.row_ids(k).unwrap_or_default();
-            json!({
-                "id": q.id(),
-                "type": q.kind().as_str(),
-                "keys": q.keys(),
-                "option_texts": q.options(),
-                "row_ids": row,
-                "positions": (0..state_len + b.len()).collect::<Vec<_>>(),
-                "option_ends": b.option_ends(),
-                "decide": b.decide(),
-                "branch_tokens": b.len(),
-            })
-        })
-        .collect();
-    let mut out = Map::new();
-    out.insert("model".into(), Value::String(req.model().to_owned()));
-    out.insert("state_tokens".into(), Value::from(state_len));
-    out.insert("questions".into(), Value::Array(questions));
-    out.insert("input_tokens".into(), Value::from(compiled.input_tokens()));
-    if let Some(t) = compiled.truncation() {
-        out.insert("x_truncated".into(), Value::Bool(t.truncated()));
-        out.insert("x_state_tokens".into(), Value::from(t.state_tokens));
-        out.insert(
-            "x_state_tokens_used".into(),
-            Value::from(t.state_tokens_used),
-        );
-    }
-    Ok(Ok(Value::Object(out)))
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    use serde_json::json;
 
     use super::*;
 

@@ -1,0 +1,229 @@
+//! `kev._kev`: the native half of the `kev` Python package. It holds one loaded model
+//! ([`kev_decide::Kev`]) and answers request bodies through exactly the calls `kev decide` and `kev serve`
+//! make: [`kev_decide::load_cpu`] to load, `Kev::admit` to validate and compile, `Kev::run` over jobs
+//! grouped by the same token budget the server's queue packs passes by. Bodies cross the boundary as
+//! bytes and answers as compact JSON text (the server's exact response bytes); the Python half
+//! (`python/kev/__init__.py`) turns them into dicts and exceptions. The GIL is released while the model
+//! loads and while requests run.
+
+use std::path::PathBuf;
+
+use kev_decide::{Job, Kev, LoadSpec, Settings, Source, WeightForm};
+use kev_engine::{Arm, CpuBackend};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::{Value, json};
+
+/// The model names `/v1/models` lists first; `info` is that card.
+const CARD_NAME: &str = "kev-latest";
+
+/// A loaded model.
+#[pyclass(frozen, module = "kev._kev")]
+struct Engine {
+    kev: Kev<CpuBackend>,
+    card: String,
+    /// A pool of its own when `threads` was given; otherwise rayon's global pool (`RAYON_NUM_THREADS`).
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Engine {
+    fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+}
+
+/// One answer: the HTTP status the server would send and its body as compact JSON.
+type Answer = (u16, String);
+
+fn text(v: &Value) -> String {
+    kev_contract::compact_json(v)
+}
+
+/// What `kev decide` writes for a failure of ours on an accepted request.
+fn internal(e: &kev_decide::DecideError) -> Answer {
+    (
+        500,
+        text(&json!({"detail": {"error_type": "api_error", "message": e.to_string()}})),
+    )
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (model_dir=None, base=None, kev=None, weights="merged", precision=None,
+                        cache_bytes=None, pass_tokens=None, threads=None, truncate_state=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        model_dir: Option<PathBuf>,
+        base: Option<PathBuf>,
+        kev: Option<PathBuf>,
+        weights: &str,
+        precision: Option<&str>,
+        cache_bytes: Option<usize>,
+        pass_tokens: Option<usize>,
+        threads: Option<usize>,
+        truncate_state: bool,
+    ) -> PyResult<Self> {
+        let source = match (model_dir, base, kev) {
+            (Some(dir), None, None) => Source::Prepared(dir),
+            (None, Some(base), Some(kev)) => Source::Release { base, kev },
+            _ => {
+                return Err(PyValueError::new_err(
+                    "name a model: model_dir=DIR (prepared by `kev prepare`), or base=DIR and kev=DIR (release)",
+                ));
+            }
+        };
+        let form: WeightForm = weights.parse().map_err(PyValueError::new_err)?;
+        let arm: Option<Arm> = match precision {
+            None => None,
+            Some(p) => Some(p.parse().map_err(|_| {
+                PyValueError::new_err(format!("unknown precision `{p}` (fp32, bf16)"))
+            })?),
+        };
+        let defaults = Settings::default();
+        let settings = Settings {
+            limits: kev_tokenize_limits(truncate_state),
+            pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
+            cache_bytes: cache_bytes.unwrap_or_else(kev_decide::load::default_cache_bytes),
+            ..defaults
+        };
+        let pool = match threads {
+            None => None,
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n.max(1))
+                    .build()
+                    .map_err(|e| PyRuntimeError::new_err(format!("starting {n} threads: {e}")))?,
+            ),
+        };
+        let spec = LoadSpec {
+            source,
+            form,
+            arm,
+            settings,
+        };
+        let loaded = py.detach(|| match &pool {
+            Some(p) => p.install(|| kev_decide::load_cpu(&spec)),
+            None => kev_decide::load_cpu(&spec),
+        });
+        let (kev, info) = loaded.map_err(|e| {
+            PyRuntimeError::new_err(format!("loading {}: {e}", describe(&spec.source)))
+        })?;
+        let mut card = serde_json::Map::new();
+        card.insert("name".into(), Value::String(CARD_NAME.into()));
+        if let Value::Object(fields) = info.card(kev.settings()) {
+            card.extend(fields);
+        }
+        Ok(Engine {
+            kev,
+            card: text(&Value::Object(card)),
+            pool,
+        })
+    }
+
+    /// Answer request bodies; one `(status, body JSON)` per body, in order.
+    fn decide(&self, py: Python<'_>, bodies: Vec<Vec<u8>>) -> Vec<Answer> {
+        py.detach(|| self.install(|| self.answer(&bodies)))
+    }
+
+    /// What a request compiles to: `(200, rows JSON)` or the refusal.
+    fn rows(&self, py: Python<'_>, body: Vec<u8>) -> PyResult<Answer> {
+        let out = py.detach(|| {
+            kev_decide::rows::rows(self.kev.tokenizer(), &body, &self.kev.settings().limits)
+        });
+        match out {
+            Ok(Ok(v)) => Ok((200, text(&v))),
+            Ok(Err(refusal)) => Ok((
+                refusal["status"].as_u64().unwrap_or(422) as u16,
+                text(&refusal["body"]),
+            )),
+            Err(e) => Err(PyRuntimeError::new_err(e.to_string())),
+        }
+    }
+
+    /// The `/v1/models` card (JSON).
+    #[getter]
+    fn card(&self) -> &str {
+        &self.card
+    }
+
+    /// Counters since load.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.kev.stats();
+        let d = PyDict::new(py);
+        d.set_item("rows", s.rows)?;
+        d.set_item("passes", s.passes)?;
+        d.set_item("cache_hits", s.cache.hits)?;
+        d.set_item("cache_misses", s.cache.misses)?;
+        d.set_item("cache_bytes", s.cache.bytes)?;
+        Ok(d)
+    }
+}
+
+impl Engine {
+    /// Admit every body, then run the admitted jobs in arrival order in groups that fit the pass token
+    /// budget (at least one job each), as the server's queue forms its passes.
+    fn answer(&self, bodies: &[Vec<u8>]) -> Vec<Answer> {
+        let admitted: Vec<Result<Job, Answer>> = bodies
+            .iter()
+            .map(|b| self.kev.admit(b).map_err(|r| (r.status, text(&r.body))))
+            .collect();
+        let jobs: Vec<&Job> = admitted.iter().filter_map(|a| a.as_ref().ok()).collect();
+        let budget = self.kev.settings().pass_tokens;
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut start = 0;
+        while start < jobs.len() {
+            let mut end = start + 1;
+            let mut tokens = jobs[start].tokens();
+            while end < jobs.len() && tokens + jobs[end].tokens() <= budget {
+                tokens += jobs[end].tokens();
+                end += 1;
+            }
+            results.extend(self.kev.run(&jobs[start..end]));
+            start = end;
+        }
+        let mut results = results.into_iter();
+        admitted
+            .into_iter()
+            .map(|a| match a {
+                Err(refused) => refused,
+                Ok(_) => match results.next() {
+                    Some(Ok(decision)) => (200, text(&decision.body)),
+                    Some(Err(e)) => internal(&e),
+                    None => (
+                        500,
+                        text(
+                            &json!({"detail": {"error_type": "api_error", "message": "no result"}}),
+                        ),
+                    ),
+                },
+            })
+            .collect()
+    }
+}
+
+fn kev_tokenize_limits(truncate_state: bool) -> kev_tokenize::Limits {
+    kev_tokenize::Limits {
+        truncate_state,
+        ..kev_tokenize::Limits::KEV
+    }
+}
+
+fn describe(source: &Source) -> String {
+    match source {
+        Source::Prepared(d) => d.display().to_string(),
+        Source::Release { base, kev } => format!("{} + {}", base.display(), kev.display()),
+    }
+}
+
+#[pymodule]
+fn _kev(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

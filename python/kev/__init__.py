@@ -1,0 +1,219 @@
+"""Kev decisions from Python.
+
+``kev.Model`` loads a Kev model in-process with the native kev engine and answers SystemOne request
+bodies exactly as ``kev serve`` and ``kev decide`` do: the same loader, validation, rows, shared-state
+passes, prepared-state cache and pointer head, so a response here is the server's response body for the
+same model and request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Union
+
+from . import _kev
+
+__all__ = ["Model", "ContractError", "KevError", "Request", "__version__"]
+__version__: str = _kev.__version__
+
+Request = Union[Mapping[str, Any], str, bytes, bytearray, memoryview]
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Requests handed to the engine per call: the progress line moves this often, and the engine packs
+# each call's requests into passes by token budget, as the server does.
+_CHUNK = 64
+
+
+class ContractError(ValueError):
+    """A request the server would refuse: ``status`` (422, or 400) and ``body`` (the error body)."""
+
+    status: int
+    body: Any
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+        super().__init__(status, body)
+
+    def __str__(self) -> str:
+        return f"{self.status}: {_message(self.body)}"
+
+
+class KevError(RuntimeError):
+    """A failure of ours on an accepted request (the server would answer 500)."""
+
+
+def _message(body: Any) -> str:
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, dict) and "message" in detail:
+        return str(detail["message"])
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        first = detail[0]
+        loc = ".".join(str(p) for p in first.get("loc", []))
+        return f"{first.get('msg', first)} (at {loc})" if loc else str(first.get("msg", first))
+    return json.dumps(body, ensure_ascii=False)
+
+
+def _body(request: Request) -> bytes:
+    """A request as the bytes a client would POST: bytes as they are, text as UTF-8, a mapping as JSON."""
+    if isinstance(request, bytes):
+        return request
+    if isinstance(request, (bytearray, memoryview)):
+        return bytes(request)
+    if isinstance(request, str):
+        return request.encode("utf-8")
+    if isinstance(request, Mapping):
+        return json.dumps(request, ensure_ascii=False).encode("utf-8")
+    raise TypeError(f"a request is a dict, str or bytes, not {type(request).__name__}")
+
+
+def _chunks(items: Iterable[Request], n: int) -> Iterator[List[bytes]]:
+    chunk: List[bytes] = []
+    for item in items:
+        chunk.append(_body(item))
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: Optional[int]) -> None:
+        self.enabled, self.total, self.done = enabled, total, 0
+
+    def step(self, n: int) -> None:
+        if not self.enabled:
+            return
+        self.done += n
+        of = f"/{self.total}" if self.total is not None else ""
+        sys.stderr.write(f"\rkev: {self.done}{of} requests")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class Model:
+    """A Kev model loaded in this process.
+
+    Name the model as the CLI does: ``model_dir`` (a directory written by ``kev prepare``), or ``base`` and
+    ``kev`` (the two release directories; the LoRA is merged at load). ``weights`` is ``"merged"`` or
+    ``"exact"`` (LoRA unmerged in fp32; needs ``base``/``kev``); ``precision`` is ``"fp32"`` or ``"bf16"``
+    (default: bf16 where the CPU has AVX512_BF16, else fp32); ``cache_bytes`` bounds the prepared-state
+    cache (0 turns it off; default an eighth of memory, at most 4 GiB). ``pass_tokens`` is the most tokens one
+    forward pass takes (default 4096, as ``kev decide``); ``threads`` gives the model a thread pool of its
+    own (default: the process-wide pool, sized by ``RAYON_NUM_THREADS`` or the core count);
+    ``truncate_state`` reads only the first 65,536 tokens of an over-long state instead of refusing it.
+    """
+
+    def __init__(
+        self,
+        model_dir: Optional[PathLike] = None,
+        base: Optional[PathLike] = None,
+        kev: Optional[PathLike] = None,
+        weights: str = "merged",
+        precision: Optional[str] = None,
+        cache_bytes: Optional[int] = None,
+        *,
+        pass_tokens: Optional[int] = None,
+        threads: Optional[int] = None,
+        truncate_state: bool = False,
+    ) -> None:
+        fs = lambda p: None if p is None else os.fspath(p)  # noqa: E731
+        self._engine = _kev.Engine(
+            fs(model_dir),
+            fs(base),
+            fs(kev),
+            weights,
+            precision,
+            cache_bytes,
+            pass_tokens,
+            threads,
+            truncate_state,
+        )
+        self._info: Optional[dict] = None
+
+    @property
+    def info(self) -> dict:
+        """The model's ``/v1/models`` card (``name`` ``kev-latest``, ``description``, ``x_…`` fields)."""
+        if self._info is None:
+            self._info = json.loads(self._engine.card)
+        return dict(self._info)
+
+    @property
+    def stats(self) -> dict:
+        """Counters since load: ``rows``, ``passes``, ``cache_hits``, ``cache_misses``, ``cache_bytes``."""
+        return self._engine.stats()
+
+    def decide(self, request: Request) -> dict:
+        """Answer one request: the response body ``POST /v1/systemone`` returns.
+
+        Raises ``ContractError`` for a request the server would refuse, ``KevError`` for a failure of ours.
+        """
+        ((status, text),) = self._engine.decide([_body(request)])
+        if status == 200:
+            return json.loads(text)
+        if status < 500:
+            raise ContractError(status, json.loads(text))
+        raise KevError(_message(json.loads(text)))
+
+    def decide_many(
+        self, requests: Iterable[Request], *, progress: bool = False, errors: str = "inline"
+    ) -> List[dict]:
+        """Answer many requests together, in order; their rows share forward passes as in the server.
+
+        The GIL is released while they run. ``errors="inline"`` (default) puts ``{"status", "body"}`` in the
+        place of a refused or failed request, as ``kev decide --jsonl`` writes; ``errors="raise"`` raises
+        ``ContractError`` (or ``KevError``) for the first one instead. ``progress=True`` writes a progress line
+        to standard error.
+        """
+        if errors not in ("inline", "raise"):
+            raise ValueError(f"errors is 'inline' or 'raise', not {errors!r}")
+        out: List[dict] = []
+        for status, text in self._answers(requests, progress):
+            body = json.loads(text)
+            if status == 200:
+                out.append(body)
+            elif errors == "raise":
+                if status < 500:
+                    raise ContractError(status, body)
+                raise KevError(_message(body))
+            else:
+                out.append({"status": status, "body": body})
+        return out
+
+    def decide_jsonl(self, requests: Iterable[Request], *, progress: bool = False) -> List[str]:
+        """Answer many requests; per request the line ``kev decide --jsonl`` writes for it, byte for byte:
+        the compact response body, or ``{"status":…,"body":…}`` for a refused or failed request."""
+        return [
+            text if status == 200 else f'{{"status":{status},"body":{text}}}'
+            for status, text in self._answers(requests, progress)
+        ]
+
+    def rows(self, request: Request) -> dict:
+        """What a request compiles to, as ``kev rows`` prints it: per question the token ids, positions,
+        readout indices and option keys, plus ``state_tokens`` and ``input_tokens``. Runs no model."""
+        status, text = self._engine.rows(_body(request))
+        if status != 200:
+            raise ContractError(status, json.loads(text))
+        return json.loads(text)
+
+    def _answers(self, requests: Iterable[Request], progress: bool) -> Iterator[tuple]:
+        total = len(requests) if hasattr(requests, "__len__") else None  # type: ignore[arg-type]
+        bar = _Progress(progress, total)
+        try:
+            for chunk in _chunks(requests, _CHUNK):
+                answers = self._engine.decide(chunk)
+                bar.step(len(chunk))
+                yield from answers
+        finally:
+            bar.close()
+
+    def __repr__(self) -> str:
+        card = self.info
+        return f"kev.Model({card.get('x_base')!r}, weights={card.get('x_weights')!r}, precision={card.get('x_precision')!r})"

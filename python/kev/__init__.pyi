@@ -1,0 +1,57 @@
+import os
+from typing import Any, Iterable, List, Literal, Mapping, Optional, Union
+
+__all__ = ["Model", "ContractError", "KevError", "Request", "__version__"]
+__version__: str
+
+Request = Union[Mapping[str, Any], str, bytes, bytearray, memoryview]
+_Path = Union[str, os.PathLike[str]]
+
+class ContractError(ValueError):
+    """A request the server would refuse."""
+
+    status: int
+    """422 (or 400), as the server would answer."""
+    body: Any
+    """The error body the server would send (FastAPI-style ``{"detail": …}``)."""
+    def __init__(self, status: int, body: Any) -> None: ...
+
+class KevError(RuntimeError):
+    """A failure of ours on an accepted request (the server would answer 500)."""
+
+class Model:
+    """A Kev model loaded in this process (see the package README for the knobs)."""
+
+    def __init__(
+        self,
+        model_dir: Optional[_Path] = None,
+        base: Optional[_Path] = None,
+        kev: Optional[_Path] = None,
+        weights: Literal["merged", "exact"] = "merged",
+        precision: Optional[Literal["fp32", "bf16"]] = None,
+        cache_bytes: Optional[int] = None,
+        *,
+        pass_tokens: Optional[int] = None,
+        threads: Optional[int] = None,
+        truncate_state: bool = False,
+    ) -> None: ...
+    @property
+    def info(self) -> dict[str, Any]:
+        """The ``/v1/models`` card: ``name``, ``description``, ``release_date`` and the ``x_…`` fields."""
+    @property
+    def stats(self) -> dict[str, int]:
+        """``rows``, ``passes``, ``cache_hits``, ``cache_misses``, ``cache_bytes`` since load."""
+    def decide(self, request: Request) -> dict[str, Any]:
+        """The response body ``POST /v1/systemone`` returns; raises ``ContractError`` or ``KevError``."""
+    def decide_many(
+        self,
+        requests: Iterable[Request],
+        *,
+        progress: bool = False,
+        errors: Literal["inline", "raise"] = "inline",
+    ) -> List[dict[str, Any]]:
+        """Many requests through shared passes, GIL released; refusals inline as ``{"status", "body"}``."""
+    def decide_jsonl(self, requests: Iterable[Request], *, progress: bool = False) -> List[str]:
+        """Per request the exact line ``kev decide --jsonl`` writes."""
+    def rows(self, request: Request) -> dict[str, Any]:
+        """What the request compiles to (``kev rows``); raises ``ContractError``."""
