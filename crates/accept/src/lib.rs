@@ -1,6 +1,7 @@
 //! `kev accept`: prove, in one command, that a Kev model on this machine agrees with the author's.
 //!
-//! 1. **Inputs**: every pinned file re-hashed against the release pins (Kev-4B v1.0 by default); a
+//! 1. **Inputs**: every pinned file re-hashed against the release pins (Kev-4B v1.0 by default, Kev-0.8B v1.0
+//!    with `--release kev-0.8b`); a
 //!    prepared directory re-hashed against its `manifest.json`, and the inputs it records compared with
 //!    the pins; `head.pt`'s identity (base, revision, LoRA rank, option isolation).
 //! 2. **Merge**: every adapted module re-merged from base + adapter and compared byte for byte with the
@@ -31,6 +32,7 @@ use std::time::{Instant, SystemTime};
 
 use kev_decide::{Settings, WeightForm};
 use kev_engine::Arm;
+use kev_release::Release;
 use kev_release::head::KevHead;
 use kev_release::manifest::ReleasePins;
 use kev_release::{AdapterConfig, PreparedHead};
@@ -153,6 +155,13 @@ impl Default for AcceptOptions {
 }
 
 impl AcceptOptions {
+    /// Use the built-in pins of a published release (`kev-4b`, `kev-0.8b`).
+    pub fn with_release(mut self, release: Release) -> Self {
+        self.pins = release.pins();
+        self.pins_origin = format!("built in, --release {release}");
+        self
+    }
+
     /// Use the pins in a JSON file (the shape `ReleasePins::to_json` writes).
     pub fn with_pins_file(mut self, path: &Path) -> Result<Self, AcceptError> {
         self.pins = ReleasePins::from_json_file(path)?;
@@ -193,14 +202,15 @@ pub fn accept(opts: &AcceptOptions) -> Result<Report, AcceptError> {
     if opts.base.is_some() != opts.kev.is_some() {
         return Err(AcceptError::Usage("--base and --kev go together".into()));
     }
-    let is_kev4b = opts.pins == ReleasePins::kev_4b_v1();
+    let published = Release::of_pins(&opts.pins);
+    let is_kev4b = published == Some(Release::Kev4b);
     let mode = opts.gates.unwrap_or(GateMode::Real);
-    if mode == GateMode::Synthetic && is_kev4b {
-        return Err(AcceptError::Usage(
-            "--gates synthetic is for synthetic (random-weight) releases; the Kev-4B v1.0 pins take the real bar. \
-             Pass --pins FILE for a synthetic release"
-                .into(),
-        ));
+    if let (GateMode::Synthetic, Some(r)) = (mode, published) {
+        return Err(AcceptError::Usage(format!(
+            "--gates synthetic is for synthetic (random-weight) releases; the {} pins ({r}) take the real bar. \
+             Pass --pins FILE for a synthetic release",
+            opts.pins.name
+        )));
     }
     let gates_mode = report::GatesMode {
         mode: match mode {
@@ -235,6 +245,7 @@ pub fn accept(opts: &AcceptOptions) -> Result<Report, AcceptError> {
             opts.pins.base.repo,
             inputs::short(&opts.pins.base.revision)
         ),
+        pins_unverified: opts.pins.unverified.clone(),
         ..Default::default()
     };
 

@@ -142,6 +142,9 @@ pub struct Inputs {
     pub release_from: Option<String>,
     /// The pins' label and where they came from.
     pub pins: String,
+    /// What the pins leave unverified (their own statement; empty for Kev-4B v1.0).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pins_unverified: Vec<String>,
     /// Every file hashed.
     pub files: Vec<FileDigest>,
 }
@@ -466,6 +469,9 @@ fn markdown(r: &Report) -> String {
         }
     }
     s.push_str(&format!("- pins: {}\n", i.pins));
+    for u in &i.pins_unverified {
+        s.push_str(&format!("  - not verified by these pins: {u}\n"));
+    }
     if let Some(set) = &r.request_set {
         s.push_str(&format!(
             "- request set: {} ({} requests, {} questions {}, options {}–{}, states {}–{} tokens, {} row tokens; sha256 {})\n",

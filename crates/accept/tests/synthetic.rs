@@ -41,6 +41,7 @@ fn pins_of(root: &Path) -> ReleasePins {
         name: "synthetic release".into(),
         kev: RepoPin::from_dir(&real.kev.repo, &real.kev.revision, &root.join("kev")).unwrap(),
         base: RepoPin::from_dir(&real.base.repo, &real.base.revision, &root.join("base")).unwrap(),
+        unverified: Vec::new(),
     }
 }
 

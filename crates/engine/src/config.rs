@@ -71,6 +71,15 @@ pub struct Qwen35Config {
     pub rotary_dim: usize,
     /// Mixer of each layer, in order.
     pub layer_types: Vec<LayerKind>,
+    /// Whether the LM head is the embedding table (true for 0.8B and 4B, false for 9B and up). The decision
+    /// backbone never runs an LM head, so it only decides whether a checkpoint may carry `lm_head.weight`.
+    pub tie_word_embeddings: bool,
+    /// M-RoPE sections over the rotary frequencies (temporal, height, width); they sum to `rotary_dim / 2`.
+    /// Text positions are equal on all three axes, which makes M-RoPE plain RoPE: the sections are checked and
+    /// written back, never applied.
+    pub mrope_section: Vec<usize>,
+    /// Interleaved (Qwen3.5) or blocked M-RoPE layout; like the sections, no effect on text positions.
+    pub mrope_interleaved: bool,
 }
 
 impl Qwen35Config {
@@ -222,6 +231,59 @@ impl Qwen35Config {
             ));
         }
 
+        // M-RoPE: defaults as configuration_qwen3_5.py's; the sum must cover the rotary frequencies exactly,
+        // as HF's split (blocked) layout requires and every published checkpoint has.
+        let mrope_section: Vec<usize> = match rope.and_then(|m| m.get("mrope_section")) {
+            None | Some(Value::Null) => vec![11, 11, 10],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| {
+                    f.err(
+                        &format!("{rope_key}.mrope_section"),
+                        "must be a list of non-negative integers",
+                    )
+                })?,
+            Some(_) => return Err(f.err(&format!("{rope_key}.mrope_section"), "must be a list")),
+        };
+        if mrope_section.len() != 3 || mrope_section.iter().sum::<usize>() != rotary_dim / 2 {
+            return Err(f.err(
+                &format!("{rope_key}.mrope_section"),
+                format!(
+                    "{mrope_section:?} must be three sections summing to rotary_dim / 2 = {}",
+                    rotary_dim / 2
+                ),
+            ));
+        }
+        let mrope_interleaved = match rope.and_then(|m| m.get("mrope_interleaved")) {
+            None | Some(Value::Null) => true,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                f.err(
+                    &format!("{rope_key}.mrope_interleaved"),
+                    "must be a boolean",
+                )
+            })?,
+        };
+        // The composite config states the tie at the top level, text_config repeats it; they must agree.
+        let tie_text = f.opt_bool("tie_word_embeddings")?;
+        let tie_root = match root.get("tie_word_embeddings") {
+            Some(v) if !pre.is_empty() && !v.is_null() => Some(v.as_bool().ok_or_else(|| {
+                EngineError::config("tie_word_embeddings", format!("{v} is not a boolean"))
+            })?),
+            _ => None,
+        };
+        if let (Some(a), Some(b)) = (tie_text, tie_root)
+            && a != b
+        {
+            return Err(f.err(
+                "tie_word_embeddings",
+                format!("{a} disagrees with the top-level tie_word_embeddings {b}"),
+            ));
+        }
+        // HF's default (Qwen3_5TextConfig) is untied.
+        let tie_word_embeddings = tie_text.or(tie_root).unwrap_or(false);
+
         let layer_types = match obj.get("layer_types") {
             Some(Value::Array(items)) => {
                 let mut v = Vec::with_capacity(items.len());
@@ -274,6 +336,9 @@ impl Qwen35Config {
             rope_theta,
             rotary_dim,
             layer_types,
+            tie_word_embeddings,
+            mrope_section,
+            mrope_interleaved,
         };
         for (name, v) in [
             ("vocab_size", cfg.vocab_size),
@@ -383,6 +448,47 @@ impl Qwen35Config {
             rope_theta: 1e7,
             rotary_dim: 64,
             layer_types: LayerKind::interleaved(32, 4),
+            tie_word_embeddings: true,
+            mrope_section: vec![11, 11, 10],
+            mrope_interleaved: true,
+        }
+    }
+
+    /// The Qwen3.5-0.8B text decoder (`Qwen/Qwen3.5-0.8B-Base@dc7cdfe2` `config.json`, docs/kev-0.8b-pins.md):
+    /// hidden 1024, MLP 3584, 24 layers (18 Gated DeltaNet + 6 attention), 8 query heads / 2 KV heads × 256,
+    /// 16 key heads and 16 value heads × 128 in the DeltaNet (a 1:1 grouping where the 4B has 1:2), tied.
+    pub fn qwen35_0_8b() -> Self {
+        Qwen35Config {
+            vocab_size: 248_320,
+            hidden_size: 1024,
+            intermediate_size: 3584,
+            num_attention_heads: 8,
+            num_key_value_heads: 2,
+            head_dim: 256,
+            linear_num_key_heads: 16,
+            linear_num_value_heads: 16,
+            linear_key_head_dim: 128,
+            linear_value_head_dim: 128,
+            conv_kernel: 4,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1e7,
+            rotary_dim: 64,
+            layer_types: LayerKind::interleaved(24, 4),
+            tie_word_embeddings: true,
+            mrope_section: vec![11, 11, 10],
+            mrope_interleaved: true,
+        }
+    }
+
+    /// The Qwen3.5 base repository this decoder's shape is published as (`Qwen/Qwen3.5-4B-Base`,
+    /// `Qwen/Qwen3.5-0.8B-Base`), if it is one of them.
+    pub fn published_base(&self) -> Option<&'static str> {
+        if *self == Self::qwen35_4b() {
+            Some("Qwen/Qwen3.5-4B-Base")
+        } else if *self == Self::qwen35_0_8b() {
+            Some("Qwen/Qwen3.5-0.8B-Base")
+        } else {
+            None
         }
     }
 
@@ -400,7 +506,7 @@ impl Qwen35Config {
         json!({
             "architectures": ["Qwen3_5ForConditionalGeneration"],
             "model_type": "qwen3_5",
-            "tie_word_embeddings": true,
+            "tie_word_embeddings": self.tie_word_embeddings,
             "text_config": {
                 "model_type": "qwen3_5_text",
                 "attention_bias": false,
@@ -421,13 +527,13 @@ impl Qwen35Config {
                 "rms_norm_eps": self.rms_norm_eps as f64,
                 "layer_types": layer_types,
                 "max_position_embeddings": 262_144,
-                "tie_word_embeddings": true,
+                "tie_word_embeddings": self.tie_word_embeddings,
                 "rope_parameters": {
                     "rope_type": "default",
                     "rope_theta": self.rope_theta,
                     "partial_rotary_factor": 0.25,
-                    "mrope_section": [11, 11, 10],
-                    "mrope_interleaved": true
+                    "mrope_section": self.mrope_section,
+                    "mrope_interleaved": self.mrope_interleaved
                 }
             },
             "vision_config": {"model_type": "qwen3_5_vision"}
@@ -511,6 +617,65 @@ mod tests {
         let base = c.flops_per_token(0);
         assert!((base / 1e9 - 7.23).abs() < 0.01, "{base}");
         assert_eq!(c.flops_per_token(1) - base, 131_072.0);
+    }
+
+    /// The 0.8B shape as its published config.json states it (docs/kev-0.8b-pins.md, §config).
+    #[test]
+    fn the_0_8b_shape() {
+        let c = Qwen35Config::qwen35_0_8b();
+        assert_eq!(Qwen35Config::from_json(&c.to_composite_json()).unwrap(), c);
+        assert_eq!(c.num_layers(), 24);
+        let full: Vec<usize> = (0..24)
+            .filter(|&i| c.layer_types[i] == LayerKind::Full)
+            .collect();
+        assert_eq!(full, [3, 7, 11, 15, 19, 23]);
+        // the LoRA shapes of the real adapter: in_proj_qkv B is [6144, 16], q_proj out 8·256·2
+        assert_eq!(c.conv_dim(), 6144);
+        assert_eq!(c.value_dim(), 2048);
+        assert_eq!(2 * c.num_attention_heads * c.head_dim, 4096);
+        assert_eq!(c.num_key_value_heads * c.head_dim, 512);
+        assert_eq!(c.published_base(), Some("Qwen/Qwen3.5-0.8B-Base"));
+        assert_eq!(
+            Qwen35Config::qwen35_4b().published_base(),
+            Some("Qwen/Qwen3.5-4B-Base")
+        );
+        // ≈ 0.75 B text parameters with the tied embedding: 2·(non-embedding) FLOPs per token
+        let per_token = c.flops_per_token(0);
+        assert!((per_token / 1e9 - 1.00).abs() < 0.05, "{per_token}");
+    }
+
+    #[test]
+    fn tie_and_mrope_are_read_checked_and_written_back() {
+        let mut c = Qwen35Config::qwen35_0_8b();
+        c.tie_word_embeddings = false;
+        c.mrope_section = vec![12, 10, 10];
+        c.mrope_interleaved = false;
+        let v = c.to_composite_json();
+        assert_eq!(v["tie_word_embeddings"], json!(false));
+        assert_eq!(Qwen35Config::from_json(&v).unwrap(), c);
+        // absent: HF's defaults (untied; [11, 11, 10] interleaved)
+        let mut v = Qwen35Config::qwen35_4b().to_composite_json();
+        v.as_object_mut().unwrap().remove("tie_word_embeddings");
+        let tc = v["text_config"].as_object_mut().unwrap();
+        tc.remove("tie_word_embeddings");
+        let rp = tc["rope_parameters"].as_object_mut().unwrap();
+        rp.remove("mrope_section");
+        rp.remove("mrope_interleaved");
+        let d = Qwen35Config::from_json(&v).unwrap();
+        assert!(!d.tie_word_embeddings);
+        assert_eq!(
+            (d.mrope_section, d.mrope_interleaved),
+            (vec![11, 11, 10], true)
+        );
+        // refusals name the field
+        let mut v = Qwen35Config::qwen35_0_8b().to_composite_json();
+        v["text_config"]["rope_parameters"]["mrope_section"] = json!([11, 11, 11]);
+        let err = Qwen35Config::from_json(&v).unwrap_err().to_string();
+        assert!(err.contains("mrope_section") && err.contains("32"), "{err}");
+        let mut v = Qwen35Config::qwen35_0_8b().to_composite_json();
+        v["tie_word_embeddings"] = json!(false);
+        let err = Qwen35Config::from_json(&v).unwrap_err().to_string();
+        assert!(err.contains("tie_word_embeddings"), "{err}");
     }
 
     fn plain() -> Value {

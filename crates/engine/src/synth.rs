@@ -1,8 +1,10 @@
 //! Random-weight releases in the published layout, written as a stream (memory stays at one chunk).
 //!
 //! `base/`: composite `config.json`, safetensors shards with `model.language_model.` names (BF16; the GDN
-//! `A_log` and gated-norm weight in F32 as the published checkpoints store them) plus a few `mtp.*`
-//! tensors a loader must skip, and `model.safetensors.index.json`. `kev/` (optional): a PEFT
+//! `A_log` and gated-norm weight in F32 as the published checkpoints store them: 36 F32 tensors for the 0.8B,
+//! 48 for the 4B) plus a few `mtp.*` tensors a loader must skip, `lm_head.weight` when the config is untied,
+//! and `model.safetensors.index.json`. The head and adapter name the base of the release the shape stands
+//! for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-4B otherwise). `kev/` (optional): a PEFT
 //! `adapter_config.json` + `adapter_model.safetensors` over the 12 target modules, F32, rank 16, with
 //! non-zero `B` so the adapter changes the outputs, keyed as PEFT writes them around the text model
 //! (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
@@ -199,6 +201,15 @@ fn base_specs(cfg: &Qwen35Config, f32_weights: bool) -> Vec<Spec> {
         v.push(norm1p(format!("{l}post_attention_layernorm.weight"), h));
     }
     v.push(norm1p(format!("{p}norm.weight"), h));
+    if !cfg.tie_word_embeddings {
+        // An untied checkpoint carries its LM head (top-level name, as HF saves it); the backbone skips it.
+        v.push(Spec {
+            name: "lm_head.weight".into(),
+            shape: vec![cfg.vocab_size, h],
+            dtype: DType::Bf16,
+            init: Init::Uniform((3.0 / h as f32).sqrt()),
+        });
+    }
     // A token MTP head, as published checkpoints carry one; loaders must skip it.
     v.push(Spec {
         name: "mtp.fc.weight".into(),
@@ -387,7 +398,7 @@ pub fn write_adapter(dir: &Path, cfg: &Qwen35Config, seed: u64) -> Result<PathBu
         &dir.join("adapter_config.json"),
         &json!({
             "peft_type": "LORA",
-            "base_model_name_or_path": "Qwen/Qwen3.5-4B-Base",
+            "base_model_name_or_path": Identity::of(cfg).base,
             "r": r,
             "lora_alpha": 32,
             "lora_dropout": 0.0,
@@ -408,19 +419,69 @@ pub fn write_adapter(dir: &Path, cfg: &Qwen35Config, seed: u64) -> Result<PathBu
     Ok(dir.to_path_buf())
 }
 
-/// Width of Kev-4B's pointer head (`q`, `k`: hidden → 256).
+/// Width of Kev's pointer head (`q`, `k`: hidden → 256, in every size).
 pub const HEAD_DIM: usize = 256;
 /// Kev-4B's fitted softmax temperature (peers-notes §1), given to synthetic heads so their probabilities
 /// are about as peaked as the real model's.
 pub const KEV_4B_TEMPERATURE: f64 = 2.41;
-/// The base revision Kev 1.0 was trained on (release-pins), recorded in a synthetic head's metadata.
-const BASE_REVISION: &str = "1001bb4d826a52d1f399e183466143f4da7b741b";
+/// Kev-0.8B v1.0's fitted temperature (2.3510958125672174 in its head.pt), rounded like the 4B's.
+pub const KEV_0_8B_TEMPERATURE: f64 = 2.35;
 /// Keeps the head's values independent of the adapter's and the backbone's for the same seed.
 const HEAD_SALT: u64 = 0x4ead;
 
-/// A random pointer head in fp32 with Kev's metadata key set: weights uniform with unit output variance for
-/// unit-variance inputs (like the projections), biases uniform on ±0.1.
+/// Which published release a synthetic one stands in for: the base its head and adapter name (and the
+/// pinned revision Kev 1.0 was trained on), and the temperature of its head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Identity {
+    /// Base repository (`Qwen/Qwen3.5-0.8B-Base`).
+    pub base: &'static str,
+    /// Its pinned revision (release-pins, docs/kev-0.8b-pins.md).
+    pub base_revision: &'static str,
+    /// Softmax temperature of the synthetic head.
+    pub temperature: f64,
+}
+
+impl Identity {
+    /// Kev-0.8B's for a decoder of the 0.8B widths (any depth or vocabulary, so cut-down test variants
+    /// keep it), Kev-4B's otherwise.
+    pub fn of(cfg: &Qwen35Config) -> Self {
+        let mut widths = cfg.clone();
+        let real = Qwen35Config::qwen35_0_8b();
+        widths.vocab_size = real.vocab_size;
+        widths.layer_types = real.layer_types.clone();
+        if widths == real {
+            Identity {
+                base: "Qwen/Qwen3.5-0.8B-Base",
+                base_revision: "dc7cdfe2ee4154fa7e30f5b51ca41bfa40174e68",
+                temperature: KEV_0_8B_TEMPERATURE,
+            }
+        } else {
+            Identity {
+                base: "Qwen/Qwen3.5-4B-Base",
+                base_revision: "1001bb4d826a52d1f399e183466143f4da7b741b",
+                temperature: KEV_4B_TEMPERATURE,
+            }
+        }
+    }
+}
+
+/// A random pointer head in fp32 with Kev-4B's metadata key set: weights uniform with unit output variance
+/// for unit-variance inputs (like the projections), biases uniform on ±0.1.
 pub fn random_head(hidden: usize, head_dim: usize, temperature: f64, seed: u64) -> KevHead {
+    let four = Identity::of(&Qwen35Config::qwen35_4b());
+    random_head_as(
+        hidden,
+        head_dim,
+        Identity {
+            temperature,
+            ..four
+        },
+        seed,
+    )
+}
+
+/// [`random_head`] naming the base and revision of `id`, at its temperature.
+pub fn random_head_as(hidden: usize, head_dim: usize, id: Identity, seed: u64) -> KevHead {
     let seed = seed ^ HEAD_SALT;
     let draw = |name: &str, n: usize, init: Init| -> Vec<f32> {
         let key = name_key(seed, name);
@@ -436,14 +497,14 @@ pub fn random_head(hidden: usize, head_dim: usize, temperature: f64, seed: u64) 
     };
     KevHead {
         meta: HeadMeta {
-            base: "Qwen/Qwen3.5-4B-Base".into(),
-            base_revision: BASE_REVISION.into(),
+            base: id.base.into(),
+            base_revision: id.base_revision.into(),
             lora: json!(16),
             head_dim,
             option_isolation: json!(false),
             special_embeddings: json!(false),
             weights_dtype: json!("bfloat16"),
-            temperature,
+            temperature: id.temperature,
             lora_placement: json!("all"),
         },
         q: linear("q"),
@@ -489,7 +550,8 @@ pub fn write_decision_files(
         reason: e.to_string(),
     };
     let delimiters = Delimiters::from_tokenizer_json(&tok_out).map_err(head_err)?;
-    let head = random_head(cfg.hidden_size, HEAD_DIM, KEV_4B_TEMPERATURE, seed);
+    let id = Identity::of(cfg);
+    let head = random_head_as(cfg.hidden_size, HEAD_DIM, id, seed);
     let provenance = HeadProvenance {
         source: format!("kev synth (random head, seed {seed})"),
         revision: None,
@@ -503,7 +565,7 @@ pub fn write_decision_files(
         head: dir.join(kev_release::head::HEAD_SAFETENSORS),
         head_json: dir.join(kev_release::head::HEAD_JSON),
         head_dim: HEAD_DIM,
-        temperature: KEV_4B_TEMPERATURE,
+        temperature: id.temperature,
     })
 }
 
@@ -526,7 +588,20 @@ pub fn tiny_config(vocab: usize) -> Qwen35Config {
         rope_theta: 1e7,
         rotary_dim: 8,
         layer_types: LayerKind::interleaved(8, 4),
+        tie_word_embeddings: true,
+        mrope_section: vec![2, 1, 1],
+        mrope_interleaved: true,
     }
+}
+
+/// `cfg` with its widths kept but only the first `layers` layers and a `vocab`-row embedding: a published
+/// shape cut down to what a test can write and load in seconds (the 0.8B's 24 layers and 248,320-row table
+/// are 1.5 GB; its first 4 layers with 2,048 rows, 174 MB).
+pub fn cut(cfg: &Qwen35Config, layers: usize, vocab: usize) -> Qwen35Config {
+    let mut c = cfg.clone();
+    c.layer_types.truncate(layers);
+    c.vocab_size = vocab;
+    c
 }
 
 #[cfg(test)]
@@ -545,11 +620,37 @@ mod tests {
         assert!(files.tokenizer.is_file() && dir.path().join("tokenizer_config.json").is_file());
         let read = kev_release::head::PreparedHead::read(dir.path()).unwrap();
         assert_eq!(read.head, random_head(16, HEAD_DIM, KEV_4B_TEMPERATURE, 3));
+        assert_eq!(read.head.meta.base, "Qwen/Qwen3.5-4B-Base");
         assert_eq!(read.head.hidden_size(), 16);
         assert_eq!(read.scale, 1.0 / 16.0);
         // The delimiter ids come from the copied tokenizer (kev-contract §1).
         assert_eq!(read.delimiters.state, 248_060);
         assert_eq!(read.delimiters.decide, 248_062);
+    }
+
+    #[test]
+    fn a_0_8b_shaped_release_names_the_0_8b_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cut(&Qwen35Config::qwen35_0_8b(), 4, 512);
+        assert_eq!(
+            Identity::of(&cfg),
+            Identity::of(&Qwen35Config::qwen35_0_8b())
+        );
+        let files = write_decision_files(dir.path(), &fixture_tokenizer(), &cfg, 1).unwrap();
+        assert_eq!(files.temperature, KEV_0_8B_TEMPERATURE);
+        let read = kev_release::head::PreparedHead::read(dir.path()).unwrap();
+        assert_eq!(read.head.meta.base, "Qwen/Qwen3.5-0.8B-Base");
+        assert_eq!(
+            read.head.meta.base_revision,
+            "dc7cdfe2ee4154fa7e30f5b51ca41bfa40174e68"
+        );
+        assert_eq!(read.head.hidden_size(), 1024);
+        write_adapter(dir.path(), &cfg, 1).unwrap();
+        let ac: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("adapter_config.json")).unwrap())
+                .unwrap();
+        assert_eq!(ac["base_model_name_or_path"], "Qwen/Qwen3.5-0.8B-Base");
+        assert_eq!(Identity::of(&tiny_config(300)).base, "Qwen/Qwen3.5-4B-Base");
     }
 
     #[test]

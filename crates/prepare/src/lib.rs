@@ -25,7 +25,7 @@ use kev_release::manifest::{
     DigestKind, FileHashes, FileRecord, MANIFEST_FORMAT_VERSION, Manifest, MergeRecord, PinCheck,
     PinnedFile, ReleasePins, RepoPin, SourceRecord,
 };
-use kev_release::{Adapter, AdapterConfig, TensorStore};
+use kev_release::{Adapter, AdapterConfig, Release, TensorStore};
 use rayon::prelude::*;
 
 pub use export::ExtrasPolicy;
@@ -237,12 +237,17 @@ pub struct PrepareOptions {
 impl PrepareOptions {
     /// Defaults: the Kev-4B v1.0 pins, the Hub as configured by the environment.
     pub fn new(out: PathBuf) -> Self {
+        Self::for_release(out, Release::default())
+    }
+
+    /// The pins of a published release (`kev-4b`, `kev-0.8b`), the Hub as configured by the environment.
+    pub fn for_release(out: PathBuf, release: Release) -> Self {
         PrepareOptions {
             kev: None,
             base: None,
             out,
             extras: ExtrasPolicy::default(),
-            pins: ReleasePins::kev_4b_v1(),
+            pins: release.pins(),
             pins_explicit: false,
             hub: HubConfig::from_env(),
         }
@@ -524,6 +529,12 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     );
     for (i, w) in warnings.iter().enumerate() {
         notes.insert(format!("warning.{i}"), w.clone());
+    }
+    // What the pins themselves leave open travels with every directory prepared against them.
+    if kev.pin.is_some() || base.pin.is_some() {
+        for (i, u) in opts.pins.unverified.iter().enumerate() {
+            notes.insert(format!("pins.unverified.{i}"), u.clone());
+        }
     }
     let manifest = Manifest {
         format_version: MANIFEST_FORMAT_VERSION,

@@ -286,6 +286,7 @@ fn prepare_downloads_resumes_and_then_works_offline() {
         name: "synthetic".into(),
         kev: RepoPin::from_dir(&real.kev.repo, &real.kev.revision, &kev_dir).unwrap(),
         base: RepoPin::from_dir(&real.base.repo, &real.base.revision, &base_dir).unwrap(),
+        unverified: Vec::new(),
     };
     let mut kev_files = read_dir_files(&kev_dir);
     // stale files the Kev repository carries and the engine must never download

@@ -36,6 +36,7 @@ fn pins_of(root: &Path) -> ReleasePins {
         name: "synthetic".into(),
         kev: RepoPin::from_dir(&real.kev.repo, &real.kev.revision, &root.join("kev")).unwrap(),
         base: RepoPin::from_dir(&real.base.repo, &real.base.revision, &root.join("base")).unwrap(),
+        unverified: Vec::new(),
     }
 }
 
@@ -380,4 +381,83 @@ fn verify_reports_tampering_of_the_prepared_directory() {
         }),
         ["stray.bin"]
     );
+}
+
+/// Pins that leave part of a release unverified (as the built-in Kev-0.8B ones do) say so in the manifest of
+/// every directory prepared against them, and small files pinned by sha256 (the only digest public records
+/// give for Kev-0.8B's) are checked like any other pin.
+#[test]
+fn unverified_pins_are_recorded_and_sha256_pins_of_small_files_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("release");
+    copy_release(&root);
+    let mut pins = pins_of(&root);
+    for (role, repo) in [("kev", &mut pins.kev), ("base", &mut pins.base)] {
+        for f in &mut repo.files {
+            f.kind = kev_release::DigestKind::Sha256;
+            f.digest = FileHashes::of_file(&root.join(role).join(&f.name))
+                .unwrap()
+                .sha256;
+        }
+    }
+    pins.unverified = vec![
+        "README.md has no public digest".into(),
+        "git blob ids not found".into(),
+    ];
+    let mut o = options(&root, tmp.path().join("ok"));
+    o.pins = pins.clone();
+    o.pins_explicit = true;
+    let report = prepare(&o).unwrap();
+    let notes = &report.manifest.notes;
+    assert_eq!(notes["pins.unverified.0"], "README.md has no public digest");
+    assert_eq!(notes["pins.unverified.1"], "git blob ids not found");
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // unpinned preparations carry no such note: there are no pins to qualify
+    let unpinned = prepare(&options(&root, tmp.path().join("unpinned"))).unwrap();
+    assert!(
+        !unpinned
+            .manifest
+            .notes
+            .keys()
+            .any(|k| k.starts_with("pins."))
+    );
+
+    let path = root.join("kev/adapter_config.json");
+    let before = FileHashes::of_file(&path).unwrap();
+    flip_byte(&path, 40);
+    let after = FileHashes::of_file(&path).unwrap();
+    let mut o = options(&root, tmp.path().join("bad"));
+    o.pins = pins;
+    o.pins_explicit = true;
+    let msg = prepare(&o).unwrap_err().to_string();
+    assert!(
+        msg.contains("adapter_config.json") && msg.contains("sha256"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&before.sha256) && msg.contains(&after.sha256),
+        "{msg}"
+    );
+}
+
+/// `--release kev-0.8b` asks for the Kev-0.8B repositories at their pinned commits (offline with an empty
+/// cache, the refusal names what it looked for).
+#[test]
+fn the_0_8b_release_asks_for_its_own_pinned_repositories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut o = PrepareOptions::for_release(tmp.path().join("out"), kev_release::Release::Kev08b);
+    o.hub = HubConfig {
+        endpoint: "http://127.0.0.1:9".into(),
+        cache_dir: tmp.path().join("empty-cache"),
+        token: None,
+        offline: true,
+        progress: false,
+    };
+    assert_eq!(o.pins, ReleasePins::kev_0_8b_v1());
+    let msg = prepare(&o).unwrap_err().to_string();
+    assert!(
+        msg.contains("jaredpalmer/kev-0.8b@bf75a6a8848ea6960ff2ed108d9ed44c2941174f"),
+        "{msg}"
+    );
+    assert!(!tmp.path().join("out").exists());
 }

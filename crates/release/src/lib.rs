@@ -7,6 +7,7 @@
 //! - [`merge`]: the LoRA merge `bf16(fp32(W) + (B @ A) · alpha/r)`, bit-exact with the author's merge.
 //! - [`head`]: `head.pt` (torch zip + pickle) read without torch; `head.safetensors` + `kev_head.json`.
 //! - [`manifest`]: digests (sha256, git blob sha1), pins, the prepared directory's `manifest.json`.
+//! - [`published`]: the published releases by name (`kev-4b`, `kev-0.8b`) and the Kev-0.8B v1.0 pins.
 //! - [`stream`]: safetensors read and written one tensor at a time (exports with bounded memory).
 //! - [`pickle`]: the safe subset of Python's pickle that `torch.save` archives use.
 #![deny(missing_docs)]
@@ -16,6 +17,7 @@ pub mod head;
 pub mod manifest;
 pub mod merge;
 pub mod pickle;
+pub mod published;
 pub mod shards;
 pub mod stream;
 
@@ -25,4 +27,5 @@ pub use manifest::{
     DigestKind, FileHashes, Manifest, ManifestError, PinnedFile, ReleasePins, RepoPin, verify,
 };
 pub use merge::{MergeError, merge_weight};
+pub use published::Release;
 pub use shards::{Dtype, ShardError, TensorStore, TensorView};

@@ -344,6 +344,10 @@ pub struct ReleasePins {
     pub kev: RepoPin,
     /// The Qwen3.5 base repository.
     pub base: RepoPin,
+    /// What these pins leave unverified (files without a public digest, digest kinds not checked), one
+    /// statement each; prepared directories record them in their manifest. Empty for Kev-4B v1.0.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unverified: Vec<String>,
 }
 
 impl ReleasePins {
@@ -563,6 +567,7 @@ impl ReleasePins {
                     ),
                 ]),
             },
+            unverified: Vec::new(),
         }
     }
 }

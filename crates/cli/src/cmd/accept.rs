@@ -34,11 +34,15 @@ pub struct Args {
     /// Report prefix: writes PREFIX.json and PREFIX.md.
     #[arg(long, value_name = "PREFIX", default_value = "kev-accept")]
     out: PathBuf,
-    /// Release pins (JSON, the shape `kev prepare --pins` reads); default: the built-in Kev-4B v1.0 pins.
+    /// Release pins (JSON, the shape `kev prepare --pins` reads); default: the built-in pins of --release.
     #[arg(long, value_name = "FILE")]
     pins: Option<PathBuf>,
+    /// The published release whose built-in pins (and real bar) apply: `kev-4b` (default) or `kev-0.8b`.
+    #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = ["kev-4b", "kev-0.8b"],
+        conflicts_with = "pins")]
+    release: String,
     /// `real` (default): the published bar for every arm. `synthetic`: for random-weight releases only, the
-    /// arms carrying bf16 rounding are held to torch's own bf16 run (refused with the Kev-4B pins).
+    /// arms carrying bf16 rounding are held to torch's own bf16 run (refused with a published release's pins).
     #[arg(long, value_parser = ["real", "synthetic"])]
     gates: Option<String>,
     /// Comma-separated arms to run (exact-fp32, exact-bf16, merged-fp32, merged-bf16); default: every arm the
@@ -73,6 +77,8 @@ fn options(args: &Args) -> Result<AcceptOptions, String> {
     };
     // The service's defaults, as `kev serve` starts with them.
     opts.settings.cache_bytes = crate::loading::default_cache_bytes();
+    let release: kev_release::Release = args.release.parse()?;
+    opts = opts.with_release(release);
     if let Some(p) = &args.pins {
         opts = opts.with_pins_file(p).map_err(|e| e.to_string())?;
     }

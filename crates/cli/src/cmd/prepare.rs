@@ -6,18 +6,23 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use kev_prepare::{ExtrasPolicy, HubConfig, PrepareOptions, Source};
-use kev_release::ReleasePins;
+use kev_release::{Release, ReleasePins};
 
 /// Fetch, verify and merge the pinned release into an engine-ready directory.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The Kev repository on the Hub, `owner/name@revision` (default: the pinned Kev-4B v1.0).
+    /// The published release whose pins are used: `kev-4b` (Kev-4B v1.0) or `kev-0.8b` (Kev-0.8B v1.0;
+    /// some of its files have no public digest: docs/kev-0.8b-pins.md).
+    #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = ["kev-4b", "kev-0.8b"],
+        conflicts_with = "pins")]
+    release: String,
+    /// The Kev repository on the Hub, `owner/name@revision` (default: the pinned one of --release).
     #[arg(long, value_name = "REPO@REV", conflicts_with = "kev_dir")]
     kev: Option<String>,
     /// A local directory with the Kev repository's files instead of the Hub.
     #[arg(long, value_name = "DIR")]
     kev_dir: Option<PathBuf>,
-    /// The base repository on the Hub, `owner/name@revision` (default: the pinned Qwen3.5-4B-Base).
+    /// The base repository on the Hub, `owner/name@revision` (default: the pinned base of --release).
     #[arg(long, value_name = "REPO@REV", conflicts_with = "base_dir")]
     base: Option<String>,
     /// A local directory with the base repository's files instead of the Hub.
@@ -33,8 +38,8 @@ pub struct Args {
     /// Also keep the MTP head (`mtp.*`), which no loader of this model uses.
     #[arg(long)]
     keep_mtp: bool,
-    /// A pins file (JSON: the shape `kev_release::ReleasePins` writes) instead of the built-in
-    /// Kev-4B v1.0 pins; local directories are then checked against it too.
+    /// A pins file (JSON: the shape `kev_release::ReleasePins` writes) instead of the built-in pins of
+    /// --release; local directories are then checked against it too.
     #[arg(long, value_name = "FILE")]
     pins: Option<PathBuf>,
     /// Use only the Hub cache (same as HF_HUB_OFFLINE=1).
@@ -46,7 +51,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut opts = PrepareOptions::new(args.out.clone());
+    let release: Release = args.release.parse().map_err(anyhow::Error::msg)?;
+    let mut opts = PrepareOptions::for_release(args.out.clone(), release);
     if let Some(p) = &args.pins {
         opts.pins = ReleasePins::from_json_file(p)
             .with_context(|| format!("reading pins {}", p.display()))?;
@@ -74,6 +80,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let report = kev_prepare::prepare(&opts)?;
     let m = &report.manifest;
+    if m.pins.is_some() {
+        for u in &opts.pins.unverified {
+            eprintln!("kev: not verified by the {} pins: {u}", opts.pins.name);
+        }
+    }
     // warnings were logged as they arose
     eprintln!(
         "kev: prepared {} in {:.1}s{}: {} modules merged, {} tensors copied, {} dropped, {} files",

@@ -1,8 +1,9 @@
 //! `kev serve`: the SystemOne HTTP API over a local model.
 //!
 //! The model is named like every other command (`--model DIR` or `--base DIR --kev DIR`), or `--demo`
-//! (the bundled synthetic release), or nothing: then the prepared Kev-4B v1.0 from the kev cache, prepared
-//! first (downloaded, verified, merged) when absent.
+//! (the bundled synthetic release), or nothing: then the prepared Kev-4B v1.0 (or `--release kev-0.8b`) from
+//! the kev cache, prepared first (downloaded, verified, merged) when absent. `/v1/models` lists the size
+//! (`kev-4b`, `kev-0.8b`) beside `kev-latest` and `jev-latest`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context;
 use kev_decide::{Job, Kev, ModelInfo, Settings};
 use kev_engine::CpuBackend;
+use kev_release::Release;
 use kev_server::{Admission, ApiError, Decider, EngineStats, ServerConfig};
 use serde_json::Value;
 
@@ -53,7 +55,13 @@ pub struct Args {
     /// A file holding the API key (first line); `KEV_API_KEY` does the same. Without either the API is open.
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
-    /// Where the default Kev-4B is prepared (default: $KEV_HOME or ~/.cache/kev, then `kev-4b-v1.0`).
+    /// Which published release to serve when no model is named (--model, --base/--kev, --demo win): `kev-4b`
+    /// (default) or `kev-0.8b`. It is prepared (downloaded, verified, merged) into --model-dir on first use.
+    #[arg(long, env = "KEV_RELEASE", value_name = "NAME", default_value = "kev-4b",
+        value_parser = ["kev-4b", "kev-0.8b"])]
+    release: String,
+    /// Where the default release is prepared (default: $KEV_HOME or ~/.cache/kev, then `kev-4b-v1.0` or
+    /// `kev-0.8b-v1.0`).
     #[arg(long, env = "KEV_MODEL_DIR", value_name = "DIR")]
     model_dir: Option<PathBuf>,
 }
@@ -125,7 +133,8 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         args.model.base = Some(base);
         args.model.kev = Some(kev);
     } else if args.model.model.is_none() && args.model.base.is_none() {
-        args.model.model = Some(default_model(args.model_dir.clone())?);
+        let release: Release = args.release.parse().map_err(anyhow::Error::msg)?;
+        args.model.model = Some(default_model(release, args.model_dir.clone())?);
     }
     let api_key = api_key(args.api_key_file.as_ref())?;
     let (kev, info) = load(&args.model, &args.service)?;
@@ -136,12 +145,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         obj.insert("x_calibration".into(), calibration.unwrap_or(Value::Null));
         obj.insert("x_date_facts".into(), Value::Bool(args.service.date_facts));
     }
-    let mut names = vec!["kev-latest".to_string(), "jev-latest".to_string()];
-    for a in &args.aliases {
-        if !a.is_empty() && !names.contains(a) {
-            names.push(a.clone());
-        }
-    }
+    let names = model_names(&info.base, args.demo, &args.aliases);
     let config = ServerConfig {
         addr: SocketAddr::new(args.host, args.port),
         api_key,
@@ -171,6 +175,23 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `/v1/models` lists: `kev-latest`, `jev-latest`, then the size from the base the head names
+/// (`kev-0.8b` on Qwen3.5-0.8B-Base; not for the demo's random weights), then the aliases.
+fn model_names(base: &str, demo: bool, aliases: &[String]) -> Vec<String> {
+    let mut names = vec!["kev-latest".to_string(), "jev-latest".to_string()];
+    if let Some(size) = kev_release::published::size_name(base)
+        && !demo
+    {
+        names.push(size);
+    }
+    for a in aliases {
+        if !a.is_empty() && !names.contains(a) {
+            names.push(a.clone());
+        }
+    }
+    names
+}
+
 fn card(info: &ModelInfo, settings: &Settings, demo: bool) -> Value {
     let mut card = info.card(settings);
     if demo && let Some(obj) = card.as_object_mut() {
@@ -198,8 +219,10 @@ fn api_key(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
     Ok(std::env::var("KEV_API_KEY").ok().filter(|k| !k.is_empty()))
 }
 
-/// The prepared Kev-4B v1.0, preparing it (download, verify, merge) when it is not there yet.
-fn default_model(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+/// The prepared release (Kev-4B v1.0 unless --release says otherwise), preparing it (download, verify,
+/// merge) when it is not there yet.
+fn default_model(release: Release, dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let pins = release.pins();
     let dir = match dir {
         Some(d) => d,
         None => {
@@ -207,28 +230,58 @@ fn default_model(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
                 .map(PathBuf::from)
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kev")))
                 .context("set KEV_HOME (or HOME) so kev knows where to keep the prepared model")?;
-            home.join("kev-4b-v1.0")
+            home.join(release.dir_name())
         }
     };
     if dir.join("manifest.json").is_file() {
         return Ok(dir);
     }
-    tracing::info!(dir = %dir.display(), "no prepared Kev-4B yet: preparing it from the pinned release");
-    let opts = kev_prepare::PrepareOptions::new(dir.clone());
+    tracing::info!(dir = %dir.display(), release = release.name(), "no prepared model yet: preparing it from the pinned release");
+    let opts = kev_prepare::PrepareOptions::for_release(dir.clone(), release);
     match kev_prepare::prepare(&opts) {
         Ok(report) => {
             for w in &report.warnings {
                 tracing::warn!("{w}");
             }
+            for u in &pins.unverified {
+                tracing::warn!("not verified by the {} pins: {u}", pins.name);
+            }
             Ok(dir)
         }
         Err(e) => anyhow::bail!(
-            "no model to serve: preparing the pinned Kev-4B v1.0 into {} failed: {e}\n\
+            "no model to serve: preparing the pinned {} into {} failed: {e}\n\
              With no network, point kev at local copies instead:\n  \
              kev prepare --kev-dir KEV_REPO_DIR --base-dir BASE_REPO_DIR --out DIR && kev serve --model DIR\n\
              or serve the release files directly: kev serve --base BASE_REPO_DIR --kev KEV_REPO_DIR\n\
              (or try the API on the bundled synthetic release: kev serve --demo)",
+            pins.name,
             dir.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_name_the_size() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            model_names("Qwen/Qwen3.5-0.8B-Base", false, &[]),
+            v(&["kev-latest", "jev-latest", "kev-0.8b"])
+        );
+        assert_eq!(
+            model_names("Qwen/Qwen3.5-4B-Base", false, &v(&["kev-0.8b", "mine", ""])),
+            v(&["kev-latest", "jev-latest", "kev-4b", "kev-0.8b", "mine"])
+        );
+        assert_eq!(
+            model_names("Qwen/Qwen3.5-0.8B-Base", true, &[]),
+            v(&["kev-latest", "jev-latest"])
+        );
+        assert_eq!(
+            model_names("local/base", false, &v(&["kev-latest"])),
+            v(&["kev-latest", "jev-latest"])
+        );
     }
 }

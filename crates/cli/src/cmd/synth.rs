@@ -1,6 +1,6 @@
 //! `kev synth`: write a random-weight release in the published layout, for benchmarks and demos.
-//! The writing streams (one chunk in memory), so the 8.4 GB 4B-shaped release needs no more RAM than a
-//! few megabytes; see `kev_engine::synth` for the layout and the value distributions.
+//! The writing streams (one chunk in memory), so the 8.4 GB 4B-shaped release (or the 1.5 GB 0.8B-shaped one)
+//! needs no more RAM than a few megabytes; see `kev_engine::synth` for the layout and the value distributions.
 //!
 //! `kev/` holds what a decision needs besides the base: the adapter, the Kev tokenizer (copied: the real
 //! vocabulary) and a random pointer head in the prepared form (`head.safetensors` + `kev_head.json`). So
@@ -24,9 +24,10 @@ pub struct Args {
     /// Seed of every value.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Decoder shape: `4b` (Qwen3.5-4B: hidden 2560, 32 layers, vocab 248,320; ≈ 8.4 GB) or `tiny`
-    /// (the fixture widths: hidden 16, 8 layers, the real vocabulary).
-    #[arg(long, default_value = "4b", value_parser = ["4b", "tiny"])]
+    /// Decoder shape: `4b` (Qwen3.5-4B: hidden 2560, 32 layers, vocab 248,320; ≈ 8.4 GB), `0.8b`
+    /// (Qwen3.5-0.8B: hidden 1024, 24 layers, 8/2 attention heads, 16/16 DeltaNet heads; ≈ 1.5 GB; head and
+    /// adapter name Kev-0.8B's base) or `tiny` (the fixture widths: hidden 16, 8 layers, the real vocabulary).
+    #[arg(long, default_value = "4b", value_parser = ["4b", "0.8b", "tiny"])]
     config: String,
     /// Number of safetensors shards in `base/` (an index file is written for more than one).
     #[arg(long, default_value_t = 2)]
@@ -48,6 +49,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = match args.config.as_str() {
         "tiny" => tiny_config(248_320),
+        "0.8b" => Qwen35Config::qwen35_0_8b(),
         _ => Qwen35Config::qwen35_4b(),
     };
     let tokenizer = match &args.tokenizer {
