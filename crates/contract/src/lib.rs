@@ -16,6 +16,7 @@ mod pyjson;
 mod render;
 mod request;
 mod response;
+pub mod surrogate;
 
 pub use answers::{
     AnswerError, choice_confidence, expected_level, first_argmax, py_sum, score_confidence,
