@@ -26,7 +26,7 @@ pub use error::{ContractError, ErrorDetail, LocItem};
 pub use pyfmt::{float_repr, py_float_number, python_dumps, round4};
 pub use render::{is_py_space, option_text, py_lstrip, render};
 pub use request::{
-    DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_request,
+    DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_body, parse_request,
     refuse_non_json_content, validate,
 };
 pub use response::{ModelCard, ResponseBody, compact_json, models_body};

@@ -126,17 +126,22 @@ impl ValidRequest {
 ///
 /// The body is read as Python's `json.loads` would; an empty body is FastAPI's "body missing" error.
 pub fn parse_request(body: &[u8]) -> Result<ValidRequest, ContractError> {
+    validate(parse_body(body)?)
+}
+
+/// The body as a JSON value, read as Python's `json.loads` would, not yet validated (so that a server can
+/// look at its size, e.g. count its questions, before validating it; then [`validate`]).
+pub fn parse_body(body: &[u8]) -> Result<Value, ContractError> {
     if body.is_empty() {
         return Err(missing_body());
     }
-    let value = pyjson::loads(body).map_err(|f| match f {
+    pyjson::loads(body).map_err(|f| match f {
         JsonFailure::Decode { pos, msg } => ContractError::InvalidJson {
             position: pos,
             message: msg,
         },
         JsonFailure::Unreadable(reason) => ContractError::Unparseable { reason },
-    })?;
-    validate(value)
+    })
 }
 
 /// What Kev's FastAPI answers for a body sent with a Content-Type that is not `application/json` (or `+json`):

@@ -274,11 +274,27 @@ where
 
     /// Validate and compile a request body.
     pub fn admit(&self, body: &[u8]) -> Result<Job, Refusal> {
-        let request = kev_contract::parse_request(body).map_err(|e| Refusal {
+        let refuse = |e: kev_contract::ContractError| Refusal {
             status: e.status(),
             body: e.body(),
             over: None,
-        })?;
+        };
+        let value = kev_contract::parse_body(body).map_err(refuse)?;
+        // The question cap before validation, which renders every question.
+        let caps = &self.settings.caps;
+        if let Some(n) = value
+            .get("questions")
+            .and_then(Value::as_object)
+            .map(|q| q.len())
+            && n > caps.max_questions
+        {
+            return Err(Refusal::over(OverCap {
+                field: "questions",
+                bound: caps.max_questions,
+                value: n,
+            }));
+        }
+        let request = kev_contract::validate(value).map_err(refuse)?;
         self.admit_request(request)
     }
 
