@@ -1,7 +1,10 @@
-"""Overload against a running `kev serve` (started with a small --queue-depth): a bounded load generator
-sends 4× the queue capacity at once. Every response must be 200, 429 or 529 (with Retry-After); every 200
-must equal the answer the same request gets alone afterwards; the server's own count of 200s must equal
-ours (nothing answered twice, nothing lost); and the server must still be ready.
+"""Overload against a running `kev serve` (started with a small --queue-depth and a short queue deadline): a
+bounded load generator sends 4× the queue capacity at once. Every response must be 200, 429 or 529 (with
+Retry-After); **both 429 (queue full) and 529 (waited past the deadline) must occur** — an unbounded queue or
+a deadline that is never applied fails here; every request the server accepted (not 429) must be answered
+(200 or 529, no transport error); every 200 must equal the answer the same request gets alone afterwards;
+the server's own count of 200s must equal ours (nothing answered twice, nothing lost); and the server must
+still be ready.
 
 usage: python overload.py BASE_URL QUEUE_DEPTH
 """
@@ -19,10 +22,12 @@ def post(body):
     req = urllib.request.Request(base + "/v1/systemone", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=300) as r:
             return r.status, json.loads(r.read()), r.headers.get("retry-after")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}"), e.headers.get("retry-after")
+    except Exception as e:  # no HTTP answer: lost
+        return None, {"error": f"{type(e).__name__}: {e}"}, None
 
 
 def metric_200s():
@@ -35,8 +40,9 @@ def metric_200s():
 
 
 def request(i):
-    # Long enough that the engine is busy while the rest arrive.
-    state = " ".join(f"Line {i}-{k}: the customer writes about order #{1000 + k} and a refund." for k in range(120))
+    # Longer than one engine pass, so that the two long requests the engine starts at once keep the others
+    # waiting past the deadline (529) while the queue is full (429).
+    state = " ".join(f"Line {i}-{k}: the customer writes about order #{1000 + k} and a refund." for k in range(300))
     qs = {f"q{i}-{k}": {"type": "choice", "instructions": f"Which team, case {k}?",
                          "criteria": {"Billing": None, "Technical": None, "Sales": None}} for k in range(6)}
     return {"model": f"load-{i}", "state": state, "questions": qs}
@@ -51,8 +57,12 @@ for t in threads:
     t.join()
 
 statuses = [r[0] for r in results]
+lost = [r[1] for r in results if r[0] is None]
+assert not lost, f"accepted requests got no answer: {lost}"
 bad = [s for s in statuses if s not in (200, 429, 529)]
 assert not bad, f"unexpected statuses: {statuses}"
+assert 429 in statuses, f"no 429: the queue is not bounded ({statuses})"
+assert 529 in statuses, f"no 529: the queue deadline is not applied ({statuses})"
 for status, body, retry in results:
     if status != 200:
         assert retry is not None, f"{status} without Retry-After: {body}"

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kev_decide::{LoadSpec, ModelInfo, Settings, Source, WeightForm};
+use kev_decide::{Caps, LoadSpec, ModelInfo, Settings, Source, WeightForm};
 use kev_engine::CpuBackend;
 use kev_tokenize::Limits;
 
@@ -40,6 +40,16 @@ pub struct ServiceArgs {
     /// stored one.
     #[arg(long, env = "KEV_CALIBRATION", value_name = "FILE")]
     pub calibration: Option<PathBuf>,
+    /// Most questions in one request (more → 413).
+    #[arg(long, env = "KEV_MAX_QUESTIONS", default_value_t = Caps::default().max_questions)]
+    pub max_questions: usize,
+    /// Most options over all questions of one request (a noul question has 2; more → 413).
+    #[arg(long, env = "KEV_MAX_OPTIONS", default_value_t = Caps::default().max_options)]
+    pub max_options: usize,
+    /// Most input tokens of one request: the state once plus every question's branch, as
+    /// `usage.input_tokens` counts them (more → 413).
+    #[arg(long, env = "KEV_MAX_INPUT_TOKENS", default_value_t = Caps::default().max_input_tokens)]
+    pub max_input_tokens: usize,
 }
 
 impl ServiceArgs {
@@ -49,6 +59,11 @@ impl ServiceArgs {
             limits: Limits {
                 truncate_state: self.truncate_state,
                 ..Limits::KEV
+            },
+            caps: Caps {
+                max_questions: self.max_questions,
+                max_options: self.max_options,
+                max_input_tokens: self.max_input_tokens,
             },
             pass_tokens: self.pass_tokens.max(1),
             cache_bytes: self.cache_bytes.unwrap_or_else(default_cache_bytes),
@@ -116,6 +131,7 @@ pub fn admit(
     let request = kev_contract::parse_request(body).map_err(|e| kev_decide::Refusal {
         status: e.status(),
         body: e.body(),
+        over: None,
     })?;
     kev.admit_request(request.with_date_facts())
 }

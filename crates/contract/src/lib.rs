@@ -17,6 +17,7 @@ mod pyjson;
 mod render;
 mod request;
 mod response;
+pub mod surrogate;
 
 pub use answers::{
     AnswerError, choice_confidence, expected_level, first_argmax, py_sum, score_confidence,
@@ -27,7 +28,8 @@ pub use error::{ContractError, ErrorDetail, LocItem};
 pub use pyfmt::{float_repr, py_float_number, python_dumps, round4};
 pub use render::{is_py_space, option_text, py_lstrip, render};
 pub use request::{
-    DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_request, python_loads,
+    DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_body, parse_request,
+    python_loads,
     refuse_non_json_content, validate,
 };
 pub use response::{ModelCard, ResponseBody, compact_json, models_body};

@@ -201,7 +201,24 @@ fn dumps_into(value: &Value, out: &mut String) {
 
 /// `json.encoder.py_encode_basestring_ascii`: escapes `"`, `\`, and everything outside `' '..='~'`.
 fn ascii_string(s: &str, out: &mut String) {
+    use crate::surrogate::{Piece, pieces};
     out.push('"');
+    for piece in pieces(s) {
+        let text = match piece {
+            Piece::Text(t) => t,
+            Piece::Esc => "\u{FDDF}",
+            Piece::Surrogate(hex) => {
+                out.push_str("\\u");
+                out.push_str(hex);
+                continue;
+            }
+        };
+        ascii_text(text, out);
+    }
+    out.push('"');
+}
+
+fn ascii_text(s: &str, out: &mut String) {
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -220,7 +237,6 @@ fn ascii_string(s: &str, out: &mut String) {
             }
         }
     }
-    out.push('"');
 }
 
 #[cfg(test)]

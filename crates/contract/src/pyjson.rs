@@ -11,8 +11,9 @@
 //! - `NaN` becomes the string `"nan"`: it renders exactly as `str(float('nan'))` does, and rendering is the only
 //!   use of a value of the state, instructions or criteria (as `model` it is accepted as the name `nan`, where
 //!   Kev fails with a 500 while echoing it in its 422 body);
-//! - a `\uXXXX` escape of a lone surrogate becomes `\ufffd` (Python keeps the surrogate, and then fails with a 500
-//!   wherever the string is used; in an ignored field it works, so we keep such a request answerable).
+//! - a `\uXXXX` escape of a lone surrogate becomes [`crate::surrogate::ESC`] and its four hex digits, and a literal
+//!   U+FDDF becomes two of them (Python keeps the surrogate; see [`crate::surrogate`]: two ids that differ only in
+//!   a lone surrogate stay two ids, the model reads U+FFFD, clients get the escape back).
 //!
 //! Bytes are decoded the way `json.loads(bytes)` does (`json.detect_encoding`: UTF-8 with or without BOM, UTF-16,
 //! UTF-32). Undecodable bytes, integers of more than 4,300 digits (CPython's `int` conversion limit) and nesting
@@ -23,6 +24,12 @@
 use std::borrow::Cow;
 
 use serde_json::Value;
+
+use crate::surrogate::ESC;
+
+/// [`ESC`] in UTF-8.
+const ESC_UTF8: [u8; 3] = [0xEF, 0xB7, 0x9F];
+const ESC_TWICE: &str = "\u{FDDF}\u{FDDF}";
 
 /// CPython's default `sys.get_int_max_str_digits()` (3.11+): longer integer literals raise `ValueError`.
 const MAX_INT_DIGITS: usize = 4300;
@@ -48,7 +55,7 @@ pub(crate) enum JsonFailure {
 struct Rewrite {
     start: usize,
     end: usize,
-    with: &'static str,
+    with: Cow<'static, str>,
 }
 
 /// Decode and parse a request body as Python's `json.loads(body)` would, into a `serde_json::Value` that keeps
@@ -63,7 +70,7 @@ pub(crate) fn loads(body: &[u8]) -> Result<Value, JsonFailure> {
         let mut at = 0;
         for r in &rewrites {
             out.push_str(&text[at..r.start]);
-            out.push_str(r.with);
+            out.push_str(&r.with);
             at = r.end;
         }
         out.push_str(&text[at..]);
@@ -264,7 +271,7 @@ impl<'a> Scanner<'a> {
                 self.rewrites.push(Rewrite {
                     start: i,
                     end: i + 3,
-                    with: "\"nan\"",
+                    with: Cow::Borrowed("\"nan\""),
                 });
                 Ok(i + 3)
             }
@@ -272,7 +279,7 @@ impl<'a> Scanner<'a> {
                 self.rewrites.push(Rewrite {
                     start: i,
                     end: i + 8,
-                    with: "1e400",
+                    with: Cow::Borrowed("1e400"),
                 });
                 Ok(i + 8)
             }
@@ -280,7 +287,7 @@ impl<'a> Scanner<'a> {
                 self.rewrites.push(Rewrite {
                     start: i,
                     end: i + 9,
-                    with: "-1e400",
+                    with: Cow::Borrowed("-1e400"),
                 });
                 Ok(i + 9)
             }
@@ -356,6 +363,11 @@ impl<'a> Scanner<'a> {
                 if d <= 0x1f {
                     return Err(Fail::At(next, "Invalid control character at"));
                 }
+                if d == ESC_UTF8[0] && self.b.get(next..next + 3) == Some(&ESC_UTF8[..]) {
+                    self.literal_esc(next, next + 3);
+                    next += 3;
+                    continue;
+                }
                 next += 1;
             }
             match c {
@@ -401,6 +413,8 @@ impl<'a> Scanner<'a> {
                 self.lone_surrogate(esc_start);
             } else if (0xDC00..0xE000).contains(&unit) {
                 self.lone_surrogate(esc_start);
+            } else if unit == ESC as u32 {
+                self.literal_esc(esc_start, esc_start + 6);
             }
         }
     }
@@ -413,11 +427,22 @@ impl<'a> Scanner<'a> {
         })
     }
 
+    /// `\uDXXX` (lone) → ESC + the four hex digits, lowercase.
     fn lone_surrogate(&mut self, esc_start: usize) {
+        let hex = self.s[esc_start + 2..esc_start + 6].to_ascii_lowercase();
         self.rewrites.push(Rewrite {
             start: esc_start,
             end: esc_start + 6,
-            with: "\\ufffd",
+            with: Cow::Owned(format!("{ESC}{hex}")),
+        });
+    }
+
+    /// A literal U+FDDF (raw or escaped) → two of them.
+    fn literal_esc(&mut self, start: usize, end: usize) {
+        self.rewrites.push(Rewrite {
+            start,
+            end,
+            with: Cow::Borrowed(ESC_TWICE),
         });
     }
 
@@ -536,12 +561,22 @@ mod tests {
             loads(b"{\"a\":\"\xff\"}"),
             Err(JsonFailure::Unreadable(_))
         ));
-        // Lone surrogate escapes are kept answerable; pairs are joined.
-        let v = loads(br#"["\ud800", "\ud83d\ude00", "\udc00x"]"#)
+        // Lone surrogate escapes are kept answerable and distinct; pairs are joined.
+        let v = loads(br#"["\ud800", "\ud83d\ude00", "\uDC00x"]"#)
             .expect("python accepts lone surrogates");
-        assert_eq!(v[0], "\u{fffd}");
+        assert_eq!(v[0], "\u{FDDF}d800");
         assert_eq!(v[1], "😀");
-        assert_eq!(v[2], "\u{fffd}x");
+        assert_eq!(v[2], "\u{FDDF}dc00x");
+        // A literal U+FDDF, raw or escaped, doubles, so no text can pose as a surrogate.
+        let v = loads("[\"\u{FDDF}d800\", \"\\ufddf\"]".as_bytes()).expect("valid");
+        assert_eq!(v[0], "\u{FDDF}\u{FDDF}d800");
+        assert_eq!(v[1], "\u{FDDF}\u{FDDF}");
+        let keys = loads(br#"{"\ud800": 1, "\udc00": 2, "\ufffd": 3}"#).expect("valid");
+        assert_eq!(keys.as_object().map(|m| m.len()), Some(3));
+        assert_eq!(
+            crate::surrogate::wire(serde_json::to_string(&keys).expect("ser")),
+            "{\"\\ud800\":1,\"\\udc00\":2,\"\u{fffd}\":3}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use crate::pyfmt::{PyNumber, float_repr, int_str, py_number};
+use crate::surrogate::model_text;
 
 /// Python's `str.isspace()`: Rust's `char::is_whitespace` plus U+001C..U+001F (the information separators,
 /// which Python counts as whitespace and Unicode's White_Space property does not).
@@ -29,11 +30,11 @@ pub fn render(value: &Value) -> String {
 /// Kev's `option_text(name, desc)`: `name` when `desc` is null or the empty string, else `name: render(desc)`.
 pub fn option_text(name: &str, desc: Option<&Value>) -> String {
     match desc {
-        None | Some(Value::Null) => name.to_owned(),
-        Some(Value::String(s)) if s.is_empty() => name.to_owned(),
+        None | Some(Value::Null) => model_text(name).into_owned(),
+        Some(Value::String(s)) if s.is_empty() => model_text(name).into_owned(),
         Some(d) => {
             let mut out = String::with_capacity(name.len() + 2);
-            out.push_str(name);
+            out.push_str(&model_text(name));
             out.push_str(": ");
             render_into(d, 0, &mut out);
             out
@@ -47,7 +48,7 @@ fn scalar_into(value: &Value, out: &mut String) {
         Value::Null | Value::Array(_) | Value::Object(_) => {}
         Value::Bool(true) => out.push_str("True"),
         Value::Bool(false) => out.push_str("False"),
-        Value::String(s) => out.push_str(s),
+        Value::String(s) => out.push_str(&model_text(s)),
         Value::Number(n) => match py_number(n) {
             PyNumber::Int(text) => out.push_str(int_str(text)),
             PyNumber::Float(x) => out.push_str(&float_repr(x)),
@@ -84,7 +85,7 @@ fn render_into(value: &Value, indent: usize, out: &mut String) {
                     out.push('\n');
                 }
                 pad(indent, out);
-                out.push_str(k);
+                out.push_str(&model_text(k));
                 if matches!(x, Value::Array(_) | Value::Object(_)) {
                     out.push_str(":\n");
                     render_into(x, indent + 1, out);

@@ -133,13 +133,12 @@ impl ValidRequest {
 ///
 /// The body is read as Python's `json.loads` would; an empty body is FastAPI's "body missing" error.
 pub fn parse_request(body: &[u8]) -> Result<ValidRequest, ContractError> {
-    validate(python_loads(body)?)
+    validate(parse_body(body)?)
 }
 
-/// A body read as Python's `json.loads` reads it (FastAPI's errors for an empty or malformed body), as a value
-/// that writes back to JSON which reads and renders the same (`NaN` → `"nan"`, `Infinity` → `1e400`): for
-/// tools that rewrite a request (split its questions, reorder options) before it is answered.
-pub fn python_loads(body: &[u8]) -> Result<Value, ContractError> {
+/// The body as a JSON value, read as Python's `json.loads` would, not yet validated (so that a server can
+/// look at its size, e.g. count its questions, before validating it; then [`validate`]).
+pub fn parse_body(body: &[u8]) -> Result<Value, ContractError> {
     if body.is_empty() {
         return Err(missing_body());
     }
@@ -178,6 +177,13 @@ fn missing_body() -> ContractError {
         input: Value::Null,
         ctx: None,
     }])
+}
+
+/// [`parse_body`] under the name the request-rewriting tools use: a value that writes back to JSON which
+/// reads and renders the same (`NaN` → `"nan"`, `Infinity` → `1e400`), so a tool may split questions or
+/// reorder options before the request is answered.
+pub fn python_loads(body: &[u8]) -> Result<Value, ContractError> {
+    parse_body(body)
 }
 
 /// Validate an already-parsed body against the Kev 1.0 rules (kev-contract §2.1).

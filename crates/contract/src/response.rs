@@ -75,9 +75,11 @@ impl ResponseBody {
 /// Starlette's `JSONResponse` serialization (`json.dumps(ensure_ascii=False, separators=(",", ":"))`): for values
 /// whose numbers already carry Python's text, `serde_json`'s compact writer produces the same bytes (same
 /// escapes: `\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`, other controls as lowercase `\u00XX`).
+///
+/// Lone surrogates the reader kept (see [`crate::surrogate`]) are written back as their `\uXXXX` escapes.
 pub fn compact_json(value: &Value) -> String {
     // Serializing a `Value` cannot fail: its map keys are strings.
-    serde_json::to_string(value).unwrap_or_default()
+    crate::surrogate::wire(serde_json::to_string(value).unwrap_or_default())
 }
 
 /// One `/v1/models` card: the TypeSafe fields and `x_`-prefixed extras.

@@ -10,8 +10,10 @@ pub mod head;
 pub mod load;
 pub mod rows;
 pub mod service;
+pub mod task;
 
 pub use calibrate::Calibration;
 pub use head::PointerHead;
 pub use load::{LoadSpec, ModelInfo, Source, WeightForm, load_cpu};
-pub use service::{DecideError, Decision, Job, Kev, Refusal, Settings, Stats};
+pub use service::{Caps, DecideError, Decision, Job, Kev, OverCap, Refusal, Settings, Stats};
+pub use task::{Grant, Need, Step, Task};

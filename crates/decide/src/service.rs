@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kev_contract::{ResponseBody, ValidRequest, shape_answers};
 use kev_engine::{Backend, BatchRow, EngineError};
-use kev_tokenize::{CompiledRequest, KevTokenizer, Limits};
+use kev_tokenize::{CompiledRequest, KevTokenizer, Limits, TokenizeError};
 use serde_json::{Value, json};
 
 use crate::cache::{PrefixCache, Snapshot};
@@ -40,11 +40,69 @@ impl StateBytes for kev_engine::State {
     }
 }
 
+/// Per-request work caps: a request over one is refused with 413 before the engine sees it.
+///
+/// Kev 1.0 sets no such limits (kev-contract §5.2: "no limit"), so one body could hold the engine for as
+/// long as it liked. The defaults leave room for every request the contract's examples and the conformance
+/// suites send ("hundreds of questions") and bound the engine time of one request to about two maximum-size
+/// rows: a full 65,536-token state plus 64 Ki tokens of questions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Most questions in one request (default 1,024).
+    pub max_questions: usize,
+    /// Most options over all questions (noul counts 2; default 16,384 — 64 choice questions of 255 options).
+    pub max_options: usize,
+    /// Most input tokens: the state once plus every question's branch, as `usage.input_tokens` counts them
+    /// (default 131,072).
+    pub max_input_tokens: usize,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            max_questions: 1024,
+            max_options: 16_384,
+            max_input_tokens: 131_072,
+        }
+    }
+}
+
+/// A work cap a request is over: the field, the bound and the request's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverCap {
+    /// The quantity capped (`questions`, `options`, `input_tokens`).
+    pub field: &'static str,
+    /// The cap.
+    pub bound: usize,
+    /// The request's value (for `input_tokens`: a lower bound, counting stopped at the cap).
+    pub value: usize,
+}
+
+impl OverCap {
+    /// `too much work in one request: questions is 20000, over the limit of 1024 (…)`.
+    pub fn message(&self) -> String {
+        let (at_least, what) = match self.field {
+            "questions" => ("", "questions in the request"),
+            "options" => ("", "options over all questions; a noul question has 2"),
+            _ => (
+                "at least ",
+                "the state once plus every question's branch, as usage.input_tokens counts them",
+            ),
+        };
+        format!(
+            "too much work in one request: {} is {at_least}{}, over the limit of {} ({what}); split the questions across requests",
+            self.field, self.value, self.bound
+        )
+    }
+}
+
 /// Tunables of the decision service.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Token limits (kev-contract §5.2) and truncate-state mode.
     pub limits: Limits,
+    /// Per-request work caps (413).
+    pub caps: Caps,
     /// Largest number of tokens one forward pass takes (a longer single row still runs alone).
     pub pass_tokens: usize,
     /// Byte budget of the prepared-state cache (0 disables it).
@@ -61,6 +119,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             limits: Limits::KEV,
+            caps: Caps::default(),
             pass_tokens: 4096,
             cache_bytes: 2 << 30,
             chunk_aligned: true,
@@ -95,10 +154,22 @@ impl Job {
 /// A client error: the HTTP status and body the contract prescribes.
 #[derive(Debug, Clone)]
 pub struct Refusal {
-    /// 422 (or 400 for an unreadable body).
+    /// 422 (or 400 for an unreadable body, 413 for too much work).
     pub status: u16,
     /// FastAPI-style body.
     pub body: Value,
+    /// Set when the request is over a work cap (413): which one, so a server can word its own answer.
+    pub over: Option<OverCap>,
+}
+
+impl Refusal {
+    fn over(over: OverCap) -> Self {
+        Refusal {
+            status: 413,
+            body: json!({"detail": {"error_type": "invalid_request_error", "message": over.message()}}),
+            over: Some(over),
+        }
+    }
 }
 
 /// A failure of ours while answering an accepted request.
@@ -208,21 +279,64 @@ where
 
     /// Validate and compile a request body.
     pub fn admit(&self, body: &[u8]) -> Result<Job, Refusal> {
-        let request = kev_contract::parse_request(body).map_err(|e| Refusal {
+        let refuse = |e: kev_contract::ContractError| Refusal {
             status: e.status(),
             body: e.body(),
-        })?;
+            over: None,
+        };
+        let value = kev_contract::parse_body(body).map_err(refuse)?;
+        // The question cap before validation, which renders every question.
+        let caps = &self.settings.caps;
+        if let Some(n) = value
+            .get("questions")
+            .and_then(Value::as_object)
+            .map(|q| q.len())
+            && n > caps.max_questions
+        {
+            return Err(Refusal::over(OverCap {
+                field: "questions",
+                bound: caps.max_questions,
+                value: n,
+            }));
+        }
+        let request = kev_contract::validate(value).map_err(refuse)?;
         self.admit_request(request)
     }
 
-    /// Compile an already validated request.
+    /// Compile an already validated request: the question and option caps first (nothing tokenized yet),
+    /// then the rows, tokenizing stopped at the first limit passed.
     pub fn admit_request(&self, request: ValidRequest) -> Result<Job, Refusal> {
+        let caps = &self.settings.caps;
+        let questions = request.questions().len();
+        if questions > caps.max_questions {
+            return Err(Refusal::over(OverCap {
+                field: "questions",
+                bound: caps.max_questions,
+                value: questions,
+            }));
+        }
+        let options: usize = request.questions().iter().map(|q| q.options().len()).sum();
+        if options > caps.max_options {
+            return Err(Refusal::over(OverCap {
+                field: "options",
+                bound: caps.max_options,
+                value: options,
+            }));
+        }
         let compiled = self
             .tokenizer
-            .compile(&request, &self.settings.limits)
-            .map_err(|e| Refusal {
-                status: e.status(),
-                body: e.body(),
+            .compile_capped(&request, &self.settings.limits, caps.max_input_tokens)
+            .map_err(|e| match e {
+                TokenizeError::TooMuchWork { at_least, limit } => Refusal::over(OverCap {
+                    field: "input_tokens",
+                    bound: limit,
+                    value: at_least,
+                }),
+                e => Refusal {
+                    status: e.status(),
+                    body: e.body(),
+                    over: None,
+                },
             })?;
         Ok(Job { request, compiled })
     }
@@ -243,7 +357,7 @@ where
             Ok(per_job) => jobs
                 .iter()
                 .zip(per_job)
-                .map(|(job, probs)| probs.and_then(|p| self.respond(job, p)))
+                .map(|(job, probs)| probs.and_then(|p| self.respond_to(job, p)))
                 .collect(),
             Err(e) => {
                 let msg = e.to_string();
@@ -254,7 +368,11 @@ where
         }
     }
 
-    fn respond(&self, job: &Job, probabilities: Vec<Vec<f32>>) -> Result<Decision, DecideError> {
+    pub(crate) fn respond_to(
+        &self,
+        job: &Job,
+        probabilities: Vec<Vec<f32>>,
+    ) -> Result<Decision, DecideError> {
         let answers = shape_answers(&job.request, &probabilities)?;
         let output = self
             .tokenizer
@@ -276,7 +394,7 @@ where
     }
 
     /// Where a job's shared snapshot ends.
-    fn split(&self, state_len: usize) -> usize {
+    pub(crate) fn split_at(&self, state_len: usize) -> usize {
         if self.settings.rows_from_zero {
             0
         } else if self.settings.chunk_aligned {
@@ -298,7 +416,7 @@ where
         let mut missing_order: Vec<&[u32]> = Vec::new();
         for (j, job) in jobs.iter().enumerate() {
             let ids = job.compiled.state_ids();
-            let aligned = self.split(ids.len());
+            let aligned = self.split_at(ids.len());
             if aligned == 0 {
                 snapshots.push(Some(Snapshot {
                     state: self.backend.new_state(),
@@ -326,7 +444,7 @@ where
         let mut failed: Vec<Option<String>> = vec![None; jobs.len()];
         let prefix_rows: Vec<(&[u32], usize)> = missing_order
             .iter()
-            .map(|ids| (*ids, self.split(ids.len())))
+            .map(|ids| (*ids, self.split_at(ids.len())))
             .collect();
         self.forward_in_passes(
             prefix_rows.iter().map(|(_, a)| *a),
@@ -465,7 +583,24 @@ where
         }
     }
 
-    fn count_pass(&self, rows: usize) {
+    /// The cached snapshot of exactly these state ids, if any (and caching is on).
+    pub(crate) fn cached(&self, ids: &[u32]) -> Option<Snapshot<B::State>> {
+        if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
+            self.cache.get(self.model_id, ids)
+        } else {
+            None
+        }
+    }
+
+    /// Keep a prefix snapshot in the cache (if caching is on).
+    pub(crate) fn remember(&self, ids: &[u32], snapshot: &Snapshot<B::State>) {
+        if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
+            let bytes = snapshot.state.state_bytes();
+            self.cache.put(self.model_id, ids, snapshot.clone(), bytes);
+        }
+    }
+
+    pub(crate) fn count_pass(&self, rows: usize) {
         self.passes.fetch_add(1, Ordering::Relaxed);
         self.rows.fetch_add(rows as u64, Ordering::Relaxed);
     }

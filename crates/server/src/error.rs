@@ -113,6 +113,60 @@ impl ApiError {
         )
     }
 
+    /// 413: the request is over a per-request work cap; the message names the field, the bound and the
+    /// request's value (`at_least`: counting stopped at the cap).
+    pub fn too_much_work(
+        field: &str,
+        bound: usize,
+        value: usize,
+        message: impl Into<String>,
+    ) -> Self {
+        let mut e = Self::typed(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            message,
+        );
+        if let Some(d) = e.body.get_mut("detail").and_then(Value::as_object_mut) {
+            d.insert("field".into(), json!(field));
+            d.insert("limit".into(), json!(bound));
+            d.insert("value".into(), json!(value));
+        }
+        e
+    }
+
+    /// 408: the body did not arrive in time (a slow client).
+    pub fn body_timeout() -> Self {
+        Self::typed(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout_error",
+            "the request body did not arrive in time",
+        )
+    }
+
+    /// 503 from `/ready`: the queue is full or its oldest request has waited its whole deadline.
+    pub fn saturated(detail: Value) -> Self {
+        let mut e = Self::typed(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "saturated: new requests would be shed (429 or 529)",
+        );
+        if let (Some(d), Some(extra)) = (
+            e.body.get_mut("detail").and_then(Value::as_object_mut),
+            detail.as_object(),
+        ) {
+            for (k, v) in extra {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        e
+    }
+
+    /// The same error with a `Retry-After` (seconds).
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
     /// 415: an encoding or media type the server does not take.
     pub fn unsupported_media(message: impl Into<String>) -> Self {
         Self::typed(
@@ -149,7 +203,8 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&self.body).unwrap_or_else(|_| b"{}".to_vec());
+        // `compact_json` writes kept lone surrogates back as `\uXXXX` (ids in 422 bodies come back as sent).
+        let body = kev_contract::compact_json(&self.body).into_bytes();
         let mut resp = (self.status, body).into_response();
         let h = resp.headers_mut();
         h.insert(

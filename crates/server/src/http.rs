@@ -13,7 +13,6 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tower::ServiceBuilder;
 use tower_http::cors::CorsLayer;
-use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
@@ -59,12 +58,12 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
                         .expose_headers([REQUEST_ID, HeaderName::from_static("server-timing")]),
                 )
                 .layer(middleware::map_response(jsonify_errors))
+                // Dropping the handler at the timeout drops its ticket: the engine stops the request
+                // before its next pass.
                 .layer(TimeoutLayer::with_status_code(
                     StatusCode::REQUEST_TIMEOUT,
                     timeout,
-                ))
-                // The size limit applies to the decompressed body, in `read_body`.
-                .layer(RequestDecompressionLayer::new().zstd(true).gzip(true)),
+                )),
         )
         .with_state(app)
 }
@@ -97,16 +96,26 @@ impl<B> ValidateRequest<B> for BearerKey {
         let Some(value) = request.headers().get(header::AUTHORIZATION) else {
             return Err(ApiError::auth_missing().into_response());
         };
-        let given = value.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b"");
-        if given.is_empty() && !value.as_bytes().starts_with(b"Bearer ") {
+        let Some(given) = bearer_credentials(value.as_bytes()) else {
             return Err(ApiError::auth_missing().into_response());
-        }
+        };
         if bool::from(given.ct_eq(&self.key)) {
             Ok(())
         } else {
             Err(ApiError::auth_invalid().into_response())
         }
     }
+}
+
+/// The credentials of `Authorization: Bearer <token>`: the scheme is case-insensitive (RFC 9110 §11.1),
+/// followed by one or more spaces; `None` for another scheme.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+    Some(&rest[start..])
 }
 
 pub(crate) fn request_id(headers: &HeaderMap) -> String {
@@ -169,14 +178,32 @@ async fn decide<D: Decider>(
             "Kev is text-only: multipart bodies (image assets) are not supported; send the request as application/json",
         ));
     }
-    let bytes = read_body(body, app.config.max_body).await?;
-    let decider = Arc::clone(&app.decider);
-    let admission = tokio::task::spawn_blocking(move || decider.admit(&bytes))
+    let encodings = content_codings(headers)?;
+    // A slot before any work: a full queue answers 429 before the body is even read.
+    let slot = app.queue.reserve()?;
+    let raw = tokio::time::timeout(app.config.header_read_timeout.max(BODY_READ_MIN), async {
+        read_body(body, app.config.max_body).await
+    })
+    .await
+    .map_err(|_| ApiError::body_timeout())??;
+    // An admission permit (about one per core) before decoding, parsing or tokenizing.
+    let wait = app.queue.deadline();
+    let permit = tokio::time::timeout(wait, app.permits.acquire())
         .await
-        .map_err(|_| ApiError::internal(rid))??;
-    let rx = app.queue.submit(admission.job, admission.tokens)?;
+        .map_err(|_| ApiError::overloaded(wait.as_millis(), 1))?
+        .map_err(|_| ApiError::draining())?;
+    let decider = Arc::clone(&app.decider);
+    let max_body = app.config.max_body;
+    let admission = tokio::task::spawn_blocking(move || {
+        let bytes = decode_body(raw, &encodings, max_body)?;
+        decider.admit(&bytes)
+    })
+    .await
+    .map_err(|_| ApiError::internal(rid))??;
+    drop(permit);
+    let ticket = app.queue.submit(slot, admission.job, admission.tokens)?;
     metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
-    let answered = rx.await.map_err(|_| ApiError::internal(rid))??;
+    let answered = app.queue.answer(ticket, rid).await?;
     metrics::histogram!("kev_queue_wait_seconds").record(answered.queued.as_secs_f64());
     metrics::histogram!("kev_compute_seconds").record(answered.compute.as_secs_f64());
     let mut body = answered.body;
@@ -203,8 +230,11 @@ async fn decide<D: Decider>(
 /// body gets the 413 instead of a connection reset.
 const LINGER_BYTES: usize = 16 << 20;
 
-/// The (decompressed) body, or 413 once it is over `limit`.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+/// The body must arrive within the header-read timeout, and never in less time than this.
+const BODY_READ_MIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The body as sent (still encoded), or 413 once it is over `limit`.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     use http_body_util::BodyExt;
     let mut body = body;
     let mut buf = Vec::new();
@@ -233,11 +263,83 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<axum::body::By
     if seen > limit {
         return Err(ApiError::too_large(limit));
     }
-    Ok(buf.into())
+    Ok(buf)
+}
+
+/// A content coding the server decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Coding {
+    Gzip,
+    Zstd,
+    Deflate,
+}
+
+/// The codings of `Content-Encoding`, in the order they were applied (names case-insensitive, RFC 9110
+/// §8.4.1; `identity` skipped; several headers or comma-separated lists stack). 415 naming the first
+/// coding the server does not decode.
+pub(crate) fn content_codings(headers: &HeaderMap) -> Result<Vec<Coding>, ApiError> {
+    let mut out = Vec::new();
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let text = value.to_str().map_err(|_| {
+            ApiError::unsupported_media(
+                "unreadable Content-Encoding: send identity, gzip, zstd or deflate",
+            )
+        })?;
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let coding = match name.to_ascii_lowercase().as_str() {
+                "identity" => continue,
+                "gzip" | "x-gzip" => Coding::Gzip,
+                "zstd" => Coding::Zstd,
+                "deflate" => Coding::Deflate,
+                _ => {
+                    return Err(ApiError::unsupported_media(format!(
+                        "unsupported Content-Encoding {name:?}: send identity, gzip, zstd or deflate (stacked codings are decoded in order)"
+                    )));
+                }
+            };
+            out.push(coding);
+        }
+    }
+    Ok(out)
+}
+
+/// Undo the codings, last applied first, each output held to `limit` bytes (413 past it, so a
+/// decompression bomb costs at most `limit` bytes of work per coding).
+pub(crate) fn decode_body(raw: Vec<u8>, codings: &[Coding], limit: usize) -> Result<Vec<u8>, ApiError> {
+    use std::io::Read;
+    let mut data = raw;
+    for coding in codings.iter().rev() {
+        let mut out = Vec::new();
+        let cap = limit as u64 + 1;
+        let read = match coding {
+            Coding::Gzip => flate2::read::MultiGzDecoder::new(&data[..])
+                .take(cap)
+                .read_to_end(&mut out),
+            Coding::Deflate => flate2::read::ZlibDecoder::new(&data[..])
+                .take(cap)
+                .read_to_end(&mut out),
+            Coding::Zstd => zstd::stream::read::Decoder::new(&data[..])
+                .and_then(|d| d.take(cap).read_to_end(&mut out)),
+        };
+        if read.is_err() {
+            return Err(ApiError::typed(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("the request body is not valid {coding:?} data (Content-Encoding)")
+                    .to_lowercase(),
+            ));
+        }
+        if out.len() > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        data = out;
+    }
+    Ok(data)
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    // `compact_json` writes kept lone surrogates back as `\uXXXX`: distinct ids stay distinct.
+    let bytes = kev_contract::compact_json(body).into_bytes();
     let mut resp = (status, bytes).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -272,7 +374,31 @@ async fn health() -> Response {
 
 async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     if app.is_ready() {
-        json_response(StatusCode::OK, &json!({"status": "ready"}))
+        let q = &app.queue;
+        use std::sync::atomic::Ordering::Relaxed;
+        let depth = q.depth();
+        let oldest = q.oldest_wait();
+        let detail = json!({
+            "queue_depth": depth,
+            "queue_capacity": q.capacity(),
+            "oldest_wait_ms": oldest.as_millis() as u64,
+            "queue_deadline_ms": q.deadline().as_millis() as u64,
+            "running": q.stats().running.load(Relaxed),
+            "inflight_tokens": q.stats().inflight_tokens.load(Relaxed),
+        });
+        if depth >= q.capacity() || oldest >= q.deadline() {
+            // Saturated: new work would get 429 or 529; say so to whoever routes traffic here.
+            let mut e = ApiError::saturated(detail);
+            e = e.with_retry_after(1);
+            return e.into_response();
+        }
+        let mut body = json!({"status": "ready"});
+        if let (Some(obj), Some(d)) = (body.as_object_mut(), detail.as_object()) {
+            for (k, v) in d {
+                obj.insert(k.clone(), v.clone());
+            }
+        }
+        json_response(StatusCode::OK, &body)
     } else if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
         ApiError::draining().into_response()
     } else {
@@ -292,7 +418,14 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed));
     metrics::counter!("kev_queue_expired_total").absolute(q.expired.load(Relaxed));
     metrics::counter!("kev_queue_abandoned_total").absolute(q.abandoned.load(Relaxed));
+    metrics::counter!("kev_engine_cancelled_total").absolute(q.cancelled.load(Relaxed));
+    metrics::counter!("kev_engine_partial_pieces_total").absolute(q.partial_pieces.load(Relaxed));
+    metrics::counter!("kev_engine_scheduled_passes_total").absolute(q.passes.load(Relaxed));
     metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
+    metrics::gauge!("kev_queue_capacity").set(app.queue.capacity() as f64);
+    metrics::gauge!("kev_queue_oldest_wait_seconds").set(app.queue.oldest_wait().as_secs_f64());
+    metrics::gauge!("kev_engine_running").set(q.running.load(Relaxed) as f64);
+    metrics::gauge!("kev_engine_inflight_tokens").set(q.inflight_tokens.load(Relaxed) as f64);
     metrics::gauge!("kev_ready").set(if app.is_ready() { 1.0 } else { 0.0 });
     let mut resp = app.metrics.render().into_response();
     resp.headers_mut().insert(

@@ -16,6 +16,7 @@ mod http;
 mod metrics_setup;
 pub mod pyrandom;
 pub mod queue;
+pub mod sched;
 mod tools;
 
 use std::net::SocketAddr;
@@ -51,17 +52,43 @@ pub struct EngineStats {
     pub cache_bytes: u64,
 }
 
+/// What an admitted request has left to run (the decider's measure, in tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Need {
+    /// Tokens of its current phase (what one pass would run to finish the phase).
+    pub phase: usize,
+    /// The smallest piece of the phase a pass can run (e.g. 64 state tokens, or one question row).
+    pub unit: usize,
+    /// Tokens of everything left.
+    pub remaining: usize,
+}
+
+/// What one pass did for one request.
+pub enum Step {
+    /// More passes are needed.
+    Running,
+    /// Its answer: a response body (`{model, answers, usage, …}`) or an error.
+    Done(Result<Value, ApiError>),
+}
+
 /// What the server needs from a model.
+///
+/// The engine thread calls [`Decider::pass`] over and over, each time with the requests the scheduler
+/// ([`sched`]) chose and the tokens each may run, so a long request advances piece by piece between other
+/// requests' passes, and a request whose client left or whose time ran out is dropped between pieces.
 pub trait Decider: Send + Sync + 'static {
-    /// A validated, compiled request.
+    /// A validated, compiled request, and its progress once it runs.
     type Job: Send + 'static;
 
-    /// Validate and compile a request body. Errors are client errors (422 and friends).
+    /// Validate and compile a request body. Errors are client errors (422, 413 and friends).
     fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError>;
 
-    /// Answer jobs; one result per job, in order. Each `Ok` is a response body
-    /// (`{model, answers, usage, …}`).
-    fn run(&self, jobs: Vec<Self::Job>) -> Vec<Result<Value, ApiError>>;
+    /// What the job has left.
+    fn need(&self, job: &Self::Job) -> Need;
+
+    /// One engine pass: advance each job by at most its grant of tokens, and by at least one unit.
+    /// One [`Step`] per grant, in order.
+    fn pass(&self, grants: &mut [(&mut Self::Job, usize)]) -> Vec<Step>;
 
     /// Answer one real request end to end; `/ready` turns 200 only after this succeeds.
     fn warm_up(&self) -> Result<(), String>;
@@ -94,6 +121,19 @@ pub struct ServerConfig {
     pub queue_deadline: Duration,
     /// Token budget of one engine pass across requests.
     pub pass_tokens: usize,
+    /// Passes a request may be skipped in a row before it goes first (aging; see [`sched`]).
+    pub starve_passes: u32,
+    /// Requests longer than one pass that may be in flight at once (each holds a state's cache).
+    pub long_in_flight: usize,
+    /// Longest piece of long work when no short work was seen lately (see [`sched`]).
+    pub solo_piece: Duration,
+    /// Requests parsed and tokenized at once (admission permits; about the number of cores).
+    pub admit_permits: usize,
+    /// Open connections at most; further connections wait in the listen backlog.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers (slow clients are closed); hyper starts the
+    /// same clock while a keep-alive connection waits for its next request, so it is also the idle timeout.
+    pub header_read_timeout: Duration,
     /// Largest accepted request body, after decompression.
     pub max_body: usize,
     /// Longest a whole request may take.
@@ -110,6 +150,12 @@ impl Default for ServerConfig {
             queue_depth: 64,
             queue_deadline: Duration::from_secs(60),
             pass_tokens: 8192,
+            starve_passes: 4,
+            long_in_flight: 2,
+            solo_piece: Duration::from_secs(2),
+            admit_permits: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            max_connections: 1024,
+            header_read_timeout: Duration::from_secs(10),
             max_body: 8 << 20,
             request_timeout: Duration::from_secs(300),
             model_names: vec!["kev-latest".into(), "jev-latest".into()],
@@ -121,6 +167,7 @@ impl Default for ServerConfig {
 pub struct App<D: Decider> {
     decider: Arc<D>,
     queue: queue::Queue<D::Job>,
+    permits: tokio::sync::Semaphore,
     config: ServerConfig,
     ready: AtomicBool,
     draining: AtomicBool,
@@ -130,15 +177,24 @@ pub struct App<D: Decider> {
 impl<D: Decider> App<D> {
     /// Start the engine thread; the app is not ready until [`App::warm_up`] succeeds.
     pub fn new(config: ServerConfig, decider: Arc<D>) -> Arc<Self> {
-        let state = queue::QueueState::new(
-            config.queue_depth,
-            config.queue_deadline,
-            config.pass_tokens,
+        let queue = queue::Queue::start(
+            Arc::clone(&decider),
+            queue::QueueConfig {
+                depth: config.queue_depth.max(1),
+                deadline: config.queue_deadline,
+                policy: sched::Policy {
+                    pass_tokens: config.pass_tokens.max(1),
+                    starve_passes: config.starve_passes.max(1),
+                    long_in_flight: config.long_in_flight.max(1),
+                    solo_piece: config.solo_piece,
+                },
+            },
         );
-        let queue = queue::Queue::start(Arc::clone(&decider), state);
+        let permits = tokio::sync::Semaphore::new(config.admit_permits.max(1));
         Arc::new(App {
             decider,
             queue,
+            permits,
             config,
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -206,27 +262,76 @@ pub async fn serve_on<D: Decider>(
             let _ = failed_tx.send(Some(e));
         }
     });
-    let shutdown_app = Arc::clone(&app);
     let mut failed_watch = failed_rx.clone();
-    axum::serve(
-        listener,
-        router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
+    let stop = async move {
         tokio::select! {
             _ = stop => tracing::info!("shutting down: draining accepted requests"),
             // The sender is dropped after a successful warm-up: that is no reason to stop.
             Ok(_) = failed_watch.wait_for(Option::is_some) => {},
         }
-        shutdown_app.start_draining();
-    })
-    .await?;
+    };
+    accept_loop(listener, Arc::clone(&app), stop).await;
     let stop_app = Arc::clone(&app);
     let _ = tokio::task::spawn_blocking(move || stop_app.stop()).await;
     if let Some(e) = failed_rx.borrow_and_update().clone() {
         return Err(ServerError::WarmUp(e));
     }
     Ok(())
+}
+
+/// Accept connections until `stop`, each served by hyper with the configured header-read timeout (which
+/// also closes a keep-alive connection left idle that long), at most `max_connections` at once (further
+/// ones wait in the listen backlog); then drain: refuse new work with 503, finish open requests.
+async fn accept_loop<D: Decider>(
+    listener: tokio::net::TcpListener,
+    app: Arc<App<D>>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let router = router(Arc::clone(&app));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(app.config.header_read_timeout)
+        .keep_alive(true);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(
+        app.config.max_connections.max(1),
+    ));
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&connections).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = &mut stop => break,
+        };
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    app.start_draining();
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 async fn shutdown_signal() {

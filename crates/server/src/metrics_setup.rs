@@ -68,6 +68,32 @@ fn describe() {
         "kev_queue_abandoned_total",
         "Decisions dropped because the client disconnected"
     );
+    describe_gauge!(
+        "kev_queue_capacity",
+        "Decisions that may wait for the engine"
+    );
+    describe_gauge!(
+        "kev_queue_oldest_wait_seconds",
+        Unit::Seconds,
+        "How long the oldest waiting decision has waited"
+    );
+    describe_gauge!("kev_engine_running", "Decisions started and not finished");
+    describe_gauge!(
+        "kev_engine_inflight_tokens",
+        "Tokens left over every admitted decision (waiting and started)"
+    );
+    describe_counter!(
+        "kev_engine_cancelled_total",
+        "Started decisions stopped between passes (client gone or request timeout)"
+    );
+    describe_counter!(
+        "kev_engine_partial_pieces_total",
+        "Passes that advanced long work by a piece (a state chunk or some of many rows)"
+    );
+    describe_counter!(
+        "kev_engine_scheduled_passes_total",
+        "Passes the scheduler ran"
+    );
     describe_counter!("kev_engine_rows_total", "Token rows run by the engine");
     describe_counter!("kev_engine_passes_total", "Engine passes run");
     describe_counter!(

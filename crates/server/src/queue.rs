@@ -1,12 +1,19 @@
-//! Admission: a bounded queue in front of the engine, and the engine thread that drains it.
+//! Admission and the engine thread: a bounded queue of admitted requests, and one owned OS thread that
+//! runs engine passes over them (compute never runs on the async runtime).
 //!
-//! Policy lives in [`QueueState`], a plain value with no channels or threads, so it is unit-tested
-//! directly. [`Queue`] wraps it in a mutex + condvar and runs the decider on one owned OS thread
-//! (compute never runs on the async runtime). Each job carries a oneshot reply; a job whose HTTP
-//! client has gone (receiver dropped) is discarded before it costs any compute.
+//! - **Slots before work**: a request takes a queue slot ([`Queue::reserve`]) before its body is parsed or
+//!   tokenized; a full queue answers 429 at once.
+//! - **Deadline**: a request still waiting (not started) at its queue deadline is answered 529 by its own
+//!   handler ([`Queue::answer`]) — on time, however long the engine's current pass takes.
+//! - **Between passes** the engine thread drops requests whose client hung up or whose request timeout
+//!   fired (their handler future was dropped), so their remaining pieces never run; it then asks the
+//!   scheduler ([`crate::sched`]) for the next pass.
+//!
+//! Each job's phase (waiting → started, or waiting → expired) is one atomic, so the handler's deadline and
+//! the engine's start cannot both win.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -14,159 +21,116 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::Decider;
 use crate::error::ApiError;
+use crate::sched::{self, Candidate, Policy};
+use crate::{Decider, Need, Step};
 
 /// What the engine thread sends back for one job.
 pub type Reply = Result<Answered, ApiError>;
 
-/// A successful answer: the response body and the compute time of the batch it ran in.
+/// A successful answer: the response body and where its time went.
 #[derive(Debug)]
 pub struct Answered {
     /// The response body (`{model, answers, usage, …}`).
     pub body: Value,
-    /// Wall time of the engine pass that answered it.
+    /// Wall time of the engine passes that advanced it.
     pub compute: Duration,
-    /// Time spent waiting in the queue.
+    /// Time spent waiting in the queue before its first pass.
     pub queued: Duration,
 }
 
-/// A job waiting for the engine.
-pub struct Queued<J> {
-    /// The compiled request.
-    pub job: J,
-    /// Its token count, for the per-pass budget.
-    pub tokens: usize,
-    /// When it was admitted.
-    pub admitted: Instant,
-    /// The reply channel.
-    pub reply: oneshot::Sender<Reply>,
+const WAITING: u8 = 0;
+const STARTED: u8 = 1;
+const EXPIRED: u8 = 2;
+
+/// Queue settings.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueConfig {
+    /// Jobs allowed to wait (slots).
+    pub depth: usize,
+    /// Longest a job may wait before its first pass.
+    pub deadline: Duration,
+    /// The scheduler's policy.
+    pub policy: Policy,
 }
 
-/// Why a push was refused.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PushError {
-    /// The queue holds `depth` jobs already.
-    Full(usize),
-    /// The server is draining.
-    Closed,
-}
-
-/// The queue's policy: bounded depth, per-job deadline, token budget per engine pass.
-pub struct QueueState<J> {
-    jobs: VecDeque<Queued<J>>,
-    depth: usize,
-    deadline: Duration,
-    pass_tokens: usize,
-    closed: bool,
-}
-
-/// What [`QueueState::next_batch`] hands out.
-pub struct Batch<J> {
-    /// Jobs to run now, in arrival order.
-    pub run: Vec<Queued<J>>,
-    /// Jobs that waited past the deadline: answer 529.
-    pub expired: Vec<Queued<J>>,
-    /// Jobs whose clients went away: dropped without an answer.
-    pub abandoned: usize,
-}
-
-impl<J> QueueState<J> {
-    /// A queue holding at most `depth` jobs, each allowed to wait `deadline`, passes of at most
-    /// `pass_tokens` tokens (a single larger job still runs alone).
-    pub fn new(depth: usize, deadline: Duration, pass_tokens: usize) -> Self {
-        QueueState {
-            jobs: VecDeque::new(),
-            depth,
-            deadline,
-            pass_tokens: pass_tokens.max(1),
-            closed: false,
-        }
-    }
-
-    /// Jobs waiting now.
-    pub fn len(&self) -> usize {
-        self.jobs.len()
-    }
-
-    /// Whether no job waits.
-    pub fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
-    }
-
-    /// Admit a job, or refuse it at once.
-    pub fn push(&mut self, q: Queued<J>) -> Result<(), (PushError, Queued<J>)> {
-        if self.closed {
-            return Err((PushError::Closed, q));
-        }
-        if self.jobs.len() >= self.depth {
-            return Err((PushError::Full(self.depth), q));
-        }
-        self.jobs.push_back(q);
-        Ok(())
-    }
-
-    /// Stop admitting; jobs already queued still run.
-    pub fn close(&mut self) {
-        self.closed = true;
-    }
-
-    /// Whether [`QueueState::close`] was called.
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
-
-    /// Take the next pass: jobs in arrival order while they fit the token budget (at least one),
-    /// after removing jobs past their deadline or whose clients left.
-    pub fn next_batch(&mut self, now: Instant) -> Batch<J> {
-        let mut batch = Batch {
-            run: Vec::new(),
-            expired: Vec::new(),
-            abandoned: 0,
-        };
-        let mut tokens = 0usize;
-        while let Some(front) = self.jobs.front() {
-            if front.reply.is_closed() {
-                self.jobs.pop_front();
-                batch.abandoned += 1;
-                continue;
-            }
-            if now.duration_since(front.admitted) > self.deadline {
-                if let Some(q) = self.jobs.pop_front() {
-                    batch.expired.push(q);
-                }
-                continue;
-            }
-            if !batch.run.is_empty() && tokens + front.tokens > self.pass_tokens {
-                break;
-            }
-            tokens += front.tokens;
-            if let Some(q) = self.jobs.pop_front() {
-                batch.run.push(q);
-            }
-        }
-        batch
-    }
-}
-
-/// Engine-side counters the metrics endpoint reads.
+/// Counters and gauges the metrics endpoint reads.
 #[derive(Default)]
 pub struct QueueStats {
     /// Jobs refused because the queue was full.
     pub rejected_full: AtomicU64,
-    /// Jobs that expired in the queue.
+    /// Jobs that waited past their deadline (529).
     pub expired: AtomicU64,
-    /// Jobs dropped because their client left.
+    /// Waiting jobs dropped because their client left.
     pub abandoned: AtomicU64,
+    /// Started jobs stopped between passes (client gone or request timeout).
+    pub cancelled: AtomicU64,
     /// Engine passes run.
     pub passes: AtomicU64,
+    /// Partial pieces run (long work cut between other requests' passes).
+    pub partial_pieces: AtomicU64,
+    /// Jobs started and not finished.
+    pub running: AtomicUsize,
+    /// Tokens left over every admitted job (waiting and started), as of the last pass.
+    pub inflight_tokens: AtomicU64,
+    /// When the oldest waiting job was admitted, in ms since the queue started (`u64::MAX`: none).
+    oldest_waiting_ms: AtomicU64,
+}
+
+struct Entry<J> {
+    job: J,
+    tokens: usize,
+    seq: u64,
+    admitted: Instant,
+    started_at: Option<Instant>,
+    compute: Duration,
+    reply: oneshot::Sender<Reply>,
+    phase: Arc<AtomicU8>,
+    skipped: u32,
+    rate: Option<f64>,
+}
+
+struct Inbox<J> {
+    jobs: Vec<Entry<J>>,
+    closed: bool,
+    seq: u64,
 }
 
 struct Shared<J> {
-    state: Mutex<QueueState<J>>,
+    inbox: Mutex<Inbox<J>>,
     wake: Condvar,
     stats: QueueStats,
+    /// Slots taken: reserved, or waiting for their first pass.
+    waiting: AtomicUsize,
     stopped: AtomicBool,
+    epoch: Instant,
+    config: QueueConfig,
+}
+
+impl<J> Shared<J> {
+    fn release_slot(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A queue slot held by a request being admitted; released on drop unless [`Queue::submit`] took it.
+pub struct Slot<J> {
+    shared: Option<Arc<Shared<J>>>,
+}
+
+impl<J> Drop for Slot<J> {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared.take() {
+            s.release_slot();
+        }
+    }
+}
+
+/// A submitted job: its answer arrives on `rx`.
+pub struct Ticket {
+    rx: oneshot::Receiver<Reply>,
+    phase: Arc<AtomicU8>,
+    admitted: Instant,
 }
 
 /// The queue handle shared by the HTTP handlers, plus the engine thread.
@@ -178,12 +142,22 @@ pub struct Queue<J: Send + 'static> {
 
 impl<J: Send + 'static> Queue<J> {
     /// Start the engine thread over `decider`.
-    pub fn start<D: Decider<Job = J>>(decider: Arc<D>, state: QueueState<J>) -> Self {
+    pub fn start<D: Decider<Job = J>>(decider: Arc<D>, config: QueueConfig) -> Self {
         let shared = Arc::new(Shared {
-            state: Mutex::new(state),
+            inbox: Mutex::new(Inbox {
+                jobs: Vec::new(),
+                closed: false,
+                seq: 0,
+            }),
             wake: Condvar::new(),
-            stats: QueueStats::default(),
+            stats: QueueStats {
+                oldest_waiting_ms: AtomicU64::new(u64::MAX),
+                ..QueueStats::default()
+            },
+            waiting: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
+            epoch: Instant::now(),
+            config,
         });
         let s = Arc::clone(&shared);
         let worker = std::thread::Builder::new()
@@ -197,36 +171,117 @@ impl<J: Send + 'static> Queue<J> {
         }
     }
 
-    /// Admit a job; the returned receiver yields its answer.
-    pub fn submit(&self, job: J, tokens: usize) -> Result<oneshot::Receiver<Reply>, ApiError> {
-        let (tx, rx) = oneshot::channel();
-        let q = Queued {
-            job,
-            tokens,
-            admitted: Instant::now(),
-            reply: tx,
-        };
-        let mut st = lock(&self.shared.state);
-        match st.push(q) {
-            Ok(()) => {
-                drop(st);
-                self.shared.wake.notify_one();
-                Ok(rx)
-            }
-            Err((PushError::Full(depth), _)) => {
+    /// Take a queue slot, or 429 at once when every slot is taken (503 when draining).
+    pub fn reserve(&self) -> Result<Slot<J>, ApiError> {
+        if lock(&self.shared.inbox).closed {
+            return Err(ApiError::draining());
+        }
+        let depth = self.shared.config.depth;
+        let taken = self
+            .shared
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < depth).then_some(n + 1)
+            });
+        match taken {
+            Ok(_) => Ok(Slot {
+                shared: Some(Arc::clone(&self.shared)),
+            }),
+            Err(_) => {
                 self.shared
                     .stats
                     .rejected_full
                     .fetch_add(1, Ordering::Relaxed);
                 Err(ApiError::queue_full(depth, self.retry_after))
             }
-            Err((PushError::Closed, _)) => Err(ApiError::draining()),
         }
     }
 
-    /// Jobs waiting now.
+    /// Hand an admitted job to the engine; its slot stays taken until its first pass.
+    pub fn submit(&self, mut slot: Slot<J>, job: J, tokens: usize) -> Result<Ticket, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let phase = Arc::new(AtomicU8::new(WAITING));
+        let admitted = Instant::now();
+        let mut inbox = lock(&self.shared.inbox);
+        if inbox.closed {
+            return Err(ApiError::draining()); // the slot is released by its drop
+        }
+        slot.shared = None; // the entry owns the slot now
+        inbox.seq += 1;
+        let seq = inbox.seq;
+        inbox.jobs.push(Entry {
+            job,
+            tokens,
+            seq,
+            admitted,
+            started_at: None,
+            compute: Duration::ZERO,
+            reply: tx,
+            phase: Arc::clone(&phase),
+            skipped: 0,
+            rate: None,
+        });
+        drop(inbox);
+        self.shared.wake.notify_one();
+        Ok(Ticket {
+            rx,
+            phase,
+            admitted,
+        })
+    }
+
+    /// The job's answer; 529 if it is still waiting at its queue deadline. Dropping this future (the
+    /// client left, or the request timeout fired) stops the job between passes.
+    pub async fn answer(&self, ticket: Ticket, request_id: &str) -> Reply {
+        let Ticket {
+            mut rx,
+            phase,
+            admitted,
+        } = ticket;
+        let deadline = tokio::time::Instant::from_std(admitted + self.shared.config.deadline);
+        tokio::select! {
+            r = &mut rx => return r.unwrap_or_else(|_| Err(ApiError::internal(request_id))),
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+        if phase
+            .compare_exchange(WAITING, EXPIRED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.shared.release_slot();
+            self.shared.stats.expired.fetch_add(1, Ordering::Relaxed);
+            self.shared.wake.notify_one();
+            return Err(ApiError::overloaded(
+                admitted.elapsed().as_millis(),
+                self.retry_after,
+            ));
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(ApiError::internal(request_id)))
+    }
+
+    /// Slots taken now (reserved or waiting for a first pass).
     pub fn depth(&self) -> usize {
-        lock(&self.shared.state).len()
+        self.shared.waiting.load(Ordering::SeqCst)
+    }
+
+    /// The queue's capacity.
+    pub fn capacity(&self) -> usize {
+        self.shared.config.depth
+    }
+
+    /// How long the oldest waiting job has waited.
+    pub fn oldest_wait(&self) -> Duration {
+        let ms = self.shared.stats.oldest_waiting_ms.load(Ordering::Relaxed);
+        if ms == u64::MAX || self.depth() == 0 {
+            return Duration::ZERO;
+        }
+        let since = self.shared.epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(since.saturating_sub(ms))
+    }
+
+    /// The queue deadline.
+    pub fn deadline(&self) -> Duration {
+        self.shared.config.deadline
     }
 
     /// Counters for `/metrics`.
@@ -236,7 +291,7 @@ impl<J: Send + 'static> Queue<J> {
 
     /// Stop admitting, let the engine finish what was accepted, and join its thread.
     pub fn shutdown(&self) {
-        lock(&self.shared.state).close();
+        lock(&self.shared.inbox).closed = true;
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.shared.wake.notify_all();
         let handle = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -257,141 +312,232 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Short-only passes older than this no longer set the time of a partial piece.
+const SLICE_MEMORY: Duration = Duration::from_secs(2);
+
 fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
+    let mut jobs: Vec<Entry<D::Job>> = Vec::new();
+    // EWMA of short-only pass durations, and when one last ran.
+    let mut slice: Option<(Duration, Instant)> = None;
+    let stats = &shared.stats;
     loop {
-        let batch = {
-            let mut st = lock(&shared.state);
-            while st.is_empty() && !shared.stopped.load(Ordering::SeqCst) {
-                st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+        {
+            let mut inbox = lock(&shared.inbox);
+            while jobs.is_empty() && inbox.jobs.is_empty() && !shared.stopped.load(Ordering::SeqCst)
+            {
+                inbox = shared.wake.wait(inbox).unwrap_or_else(|p| p.into_inner());
             }
-            if st.is_empty() {
+            jobs.append(&mut inbox.jobs);
+            if jobs.is_empty() {
                 return;
             }
-            st.next_batch(Instant::now())
-        };
-        let stats = &shared.stats;
-        stats
-            .abandoned
-            .fetch_add(batch.abandoned as u64, Ordering::Relaxed);
-        for q in batch.expired {
-            stats.expired.fetch_add(1, Ordering::Relaxed);
-            let waited = q.admitted.elapsed().as_millis();
-            let _ = q.reply.send(Err(ApiError::overloaded(waited, 1)));
         }
-        if batch.run.is_empty() {
+        let now = Instant::now();
+        prune(&shared, &mut jobs, now);
+        publish(&shared, &*decider, &jobs);
+        if jobs.is_empty() {
             continue;
         }
-        stats.passes.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
-        let mut jobs = Vec::with_capacity(batch.run.len());
-        let mut replies = Vec::with_capacity(batch.run.len());
-        for q in batch.run {
-            jobs.push(q.job);
-            replies.push((q.reply, started.duration_since(q.admitted)));
+
+        let needs: Vec<Need> = jobs.iter().map(|e| decider.need(&e.job)).collect();
+        let cands: Vec<Candidate> = jobs
+            .iter()
+            .zip(&needs)
+            .map(|(e, n)| Candidate {
+                need: *n,
+                started: e.started_at.is_some(),
+                skipped: e.skipped,
+                seq: e.seq,
+                rate: e.rate,
+            })
+            .collect();
+        let target = slice
+            .filter(|(_, at)| now.duration_since(*at) < SLICE_MEMORY)
+            .map(|(d, _)| d);
+        let plan = sched::plan(&cands, &shared.config.policy, target);
+        let mut granted: Vec<Option<usize>> = vec![None; jobs.len()];
+        for &(i, tokens) in &plan.grants {
+            let e = &mut jobs[i];
+            if e.started_at.is_none() {
+                if e.phase
+                    .compare_exchange(WAITING, STARTED, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err()
+                {
+                    continue; // expired just now; pruned next round
+                }
+                shared.release_slot();
+                e.started_at = Some(now);
+                stats.running.fetch_add(1, Ordering::Relaxed);
+            }
+            granted[i] = Some(tokens);
         }
-        let n = jobs.len();
-        let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decider.run(jobs)));
-        let compute = started.elapsed();
-        match results {
-            Ok(results) if results.len() == n => {
-                for ((tx, queued), r) in replies.into_iter().zip(results) {
-                    let _ = tx.send(r.map(|body| Answered {
-                        body,
-                        compute,
-                        queued,
-                    }));
+        if granted.iter().all(Option::is_none) {
+            // Nothing could run (everything planned expired meanwhile): prune and plan again.
+            continue;
+        }
+
+        let started = Instant::now();
+        let results = {
+            let mut grants: Vec<(&mut D::Job, usize)> = jobs
+                .iter_mut()
+                .zip(&granted)
+                .filter_map(|(e, g)| g.map(|t| (&mut e.job, t)))
+                .collect();
+            let n = grants.len();
+            match std::panic::catch_unwind(AssertUnwindSafe(|| decider.pass(&mut grants))) {
+                Ok(steps) if steps.len() == n => Ok(steps),
+                Ok(steps) => {
+                    tracing::error!(
+                        expected = n,
+                        got = steps.len(),
+                        "decider returned the wrong number of steps"
+                    );
+                    Err(())
+                }
+                Err(_) => {
+                    tracing::error!("the engine panicked during a pass");
+                    Err(())
                 }
             }
-            Ok(results) => {
-                tracing::error!(
-                    expected = n,
-                    got = results.len(),
-                    "decider returned the wrong number of results"
-                );
-                for (tx, _) in replies {
-                    let _ = tx.send(Err(ApiError::internal("engine")));
+        };
+        let took = started.elapsed();
+        stats.passes.fetch_add(1, Ordering::Relaxed);
+        if plan.partial.is_some() {
+            stats.partial_pieces.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let ewma = match slice {
+                Some((d, at)) if now.duration_since(at) < SLICE_MEMORY => {
+                    d.mul_f64(0.7) + took.mul_f64(0.3)
                 }
-            }
-            Err(_) => {
-                tracing::error!("the engine panicked while answering a batch");
-                for (tx, _) in replies {
-                    let _ = tx.send(Err(ApiError::internal("engine")));
+                _ => took,
+            };
+            slice = Some((ewma, Instant::now()));
+        }
+
+        // Deliver, in reverse index order so removals keep the other indices valid.
+        let mut steps: Vec<Option<Step>> = match results {
+            Ok(steps) => steps.into_iter().map(Some).collect(),
+            Err(()) => granted.iter().flatten().map(|_| None).collect(),
+        };
+        let mut k = steps.len();
+        for i in (0..jobs.len()).rev() {
+            let Some(_) = granted[i] else {
+                jobs[i].skipped += 1;
+                continue;
+            };
+            k -= 1;
+            let e = &mut jobs[i];
+            e.skipped = 0;
+            e.compute += took;
+            match steps[k].take() {
+                Some(Step::Running) => {
+                    if plan.partial == Some(i) {
+                        let left = decider.need(&e.job).remaining;
+                        let done = needs[i].remaining.saturating_sub(left);
+                        if took > Duration::ZERO && done > 0 {
+                            e.rate = Some(done as f64 / took.as_secs_f64());
+                        }
+                    }
+                }
+                Some(Step::Done(result)) => {
+                    let e = jobs.swap_remove(i);
+                    finish(&shared, e, result);
+                }
+                None => {
+                    let e = jobs.swap_remove(i);
+                    finish(&shared, e, Err(ApiError::internal("engine")));
                 }
             }
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Send a finished job's answer.
+fn finish<J>(shared: &Shared<J>, e: Entry<J>, result: Result<Value, ApiError>) {
+    shared.stats.running.fetch_sub(1, Ordering::Relaxed);
+    let queued = e
+        .started_at
+        .map_or(Duration::ZERO, |s| s.duration_since(e.admitted));
+    let reply = result.map(|body| Answered {
+        body,
+        compute: e.compute,
+        queued,
+    });
+    let _ = e.reply.send(reply);
+}
 
-    fn job(tokens: usize, admitted: Instant) -> (Queued<usize>, oneshot::Receiver<Reply>) {
-        let (tx, rx) = oneshot::channel();
-        (
-            Queued {
-                job: tokens,
-                tokens,
-                admitted,
-                reply: tx,
-            },
-            rx,
-        )
-    }
-
-    #[test]
-    fn refuses_when_full_and_after_close() {
-        let now = Instant::now();
-        let mut st = QueueState::new(2, Duration::from_secs(10), 100);
-        let (a, _ra) = job(1, now);
-        let (b, _rb) = job(1, now);
-        let (c, _rc) = job(1, now);
-        assert!(st.push(a).is_ok());
-        assert!(st.push(b).is_ok());
-        assert_eq!(st.push(c).err().map(|e| e.0), Some(PushError::Full(2)));
-        st.close();
-        let _ = st.next_batch(now);
-        let (d, _rd) = job(1, now);
-        assert_eq!(st.push(d).err().map(|e| e.0), Some(PushError::Closed));
-    }
-
-    #[test]
-    fn batches_by_token_budget_in_arrival_order() {
-        let now = Instant::now();
-        let mut st = QueueState::new(10, Duration::from_secs(10), 100);
-        let mut keep = Vec::new();
-        for t in [60, 30, 20, 200] {
-            let (q, r) = job(t, now);
-            keep.push(r);
-            assert!(st.push(q).is_ok());
+/// Drop jobs whose clients left, answer 529 to waiting jobs past their deadline (if their handler has not
+/// already), and drop started jobs whose handler is gone (client left, or the request timeout fired).
+fn prune<J>(shared: &Shared<J>, jobs: &mut Vec<Entry<J>>, now: Instant) {
+    let stats = &shared.stats;
+    let deadline = shared.config.deadline;
+    let mut i = 0;
+    while i < jobs.len() {
+        let e = &jobs[i];
+        let keep = if e.phase.load(Ordering::SeqCst) == EXPIRED {
+            false // its handler answered 529 and freed the slot
+        } else if e.started_at.is_some() {
+            if e.reply.is_closed() {
+                stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                stats.running.fetch_sub(1, Ordering::Relaxed);
+                false
+            } else {
+                true
+            }
+        } else {
+            let gone = e.reply.is_closed();
+            let late = now.duration_since(e.admitted) > deadline;
+            if (gone || late)
+                && e.phase
+                    .compare_exchange(WAITING, EXPIRED, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                shared.release_slot();
+                if gone {
+                    stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    stats.expired.fetch_add(1, Ordering::Relaxed);
+                    let waited = now.duration_since(e.admitted).as_millis();
+                    let e = jobs.swap_remove(i);
+                    let _ = e.reply.send(Err(ApiError::overloaded(waited, 1)));
+                    continue;
+                }
+                false
+            } else {
+                true
+            }
+        };
+        if keep {
+            i += 1;
+        } else {
+            jobs.swap_remove(i);
         }
-        let b = st.next_batch(now);
-        assert_eq!(
-            b.run.iter().map(|q| q.job).collect::<Vec<_>>(),
-            vec![60, 30]
-        );
-        let b = st.next_batch(now);
-        assert_eq!(b.run.iter().map(|q| q.job).collect::<Vec<_>>(), vec![20]);
-        // A job larger than the budget still runs, alone.
-        let b = st.next_batch(now);
-        assert_eq!(b.run.iter().map(|q| q.job).collect::<Vec<_>>(), vec![200]);
-        assert!(st.is_empty());
     }
+}
 
-    #[test]
-    fn drops_abandoned_and_expires_late_jobs() {
-        let start = Instant::now();
-        let mut st = QueueState::new(10, Duration::from_millis(50), 100);
-        let (gone, rx_gone) = job(1, start);
-        drop(rx_gone);
-        let (late, _r1) = job(2, start);
-        let (fresh, _r2) = job(3, start + Duration::from_millis(40));
-        assert!(st.push(gone).is_ok());
-        assert!(st.push(late).is_ok());
-        assert!(st.push(fresh).is_ok());
-        let b = st.next_batch(start + Duration::from_millis(80));
-        assert_eq!(b.abandoned, 1);
-        assert_eq!(b.expired.iter().map(|q| q.job).collect::<Vec<_>>(), vec![2]);
-        assert_eq!(b.run.iter().map(|q| q.job).collect::<Vec<_>>(), vec![3]);
-    }
+/// Gauges: the oldest waiting job and the tokens left over all jobs.
+fn publish<D: Decider>(shared: &Shared<D::Job>, decider: &D, jobs: &[Entry<D::Job>]) {
+    let oldest = jobs
+        .iter()
+        .filter(|e| e.started_at.is_none())
+        .map(|e| e.admitted)
+        .min();
+    let ms = oldest.map_or(u64::MAX, |t| {
+        t.saturating_duration_since(shared.epoch).as_millis() as u64
+    });
+    shared.stats.oldest_waiting_ms.store(ms, Ordering::Relaxed);
+    let tokens: usize = jobs
+        .iter()
+        .map(|e| {
+            if e.started_at.is_some() {
+                decider.need(&e.job).remaining
+            } else {
+                e.tokens
+            }
+        })
+        .sum();
+    shared
+        .stats
+        .inflight_tokens
+        .store(tokens as u64, Ordering::Relaxed);
 }

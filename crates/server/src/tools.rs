@@ -63,12 +63,14 @@ async fn answer<D: Decider>(
     bytes: Vec<u8>,
     rid: &str,
 ) -> Result<(Value, f64), ApiError> {
+    // As `/v1/systemone`: a queue slot before any work, then admission, then the engine.
+    let slot = app.queue.reserve()?;
     let decider = Arc::clone(&app.decider);
     let admission = tokio::task::spawn_blocking(move || decider.admit(&bytes))
         .await
         .map_err(|_| ApiError::internal(rid))??;
-    let rx = app.queue.submit(admission.job, admission.tokens)?;
-    let answered = rx.await.map_err(|_| ApiError::internal(rid))??;
+    let ticket = app.queue.submit(slot, admission.job, admission.tokens)?;
+    let answered = app.queue.answer(ticket, rid).await?;
     let ms = (answered.compute.as_secs_f64() * 10_000.0).round() / 10.0;
     Ok((answered.body, ms))
 }
@@ -94,17 +96,24 @@ async fn answer_all<D: Decider>(
     Ok(out)
 }
 
-/// The readiness checks `/v1/systemone` makes, and the body.
-async fn accept<D: Decider>(app: &Arc<App<D>>, body: Body) -> Result<Vec<u8>, ApiError> {
+/// The readiness checks `/v1/systemone` makes, and the body, decoded as its `Content-Encoding` says.
+async fn accept<D: Decider>(
+    app: &Arc<App<D>>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<u8>, ApiError> {
     if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::draining());
     }
     if !app.is_ready() {
         return Err(ApiError::not_ready());
     }
-    Ok(crate::http::read_body(body, app.config.max_body)
-        .await?
-        .to_vec())
+    let codings = crate::http::content_codings(headers)?;
+    let raw = crate::http::read_body(body, app.config.max_body).await?;
+    let max = app.config.max_body;
+    tokio::task::spawn_blocking(move || crate::http::decode_body(raw, &codings, max))
+        .await
+        .map_err(|_| ApiError::internal("decode"))?
 }
 
 /// The request with only question `id` (its value replaced by `question`).
@@ -146,15 +155,16 @@ async fn separate<D: Decider>(
     body: Body,
 ) -> Response {
     let rid = crate::http::request_id(&headers);
-    respond(separate_body(&app, body, &rid).await)
+    respond(separate_body(&app, &headers, body, &rid).await)
 }
 
 async fn separate_body<D: Decider>(
     app: &Arc<App<D>>,
+    headers: &HeaderMap,
     body: Body,
     rid: &str,
 ) -> Result<Value, ApiError> {
-    let bytes = accept(app, body).await?;
+    let bytes = accept(app, headers, body).await?;
     // The whole request is admitted first: a bad one gets exactly `/v1/systemone`'s error.
     let decider = Arc::clone(&app.decider);
     let check = bytes.clone();
@@ -218,7 +228,7 @@ async fn permute<D: Decider>(
     body: Body,
 ) -> Response {
     let rid = crate::http::request_id(&headers);
-    respond(permute_body(&app, body, &rid).await)
+    respond(permute_body(&app, &headers, body, &rid).await)
 }
 
 /// The envelope `{request, question, n_perm, seed}`, checked as pydantic checks the author's model.
@@ -381,10 +391,11 @@ fn under_request(e: ApiError) -> ApiError {
 
 async fn permute_body<D: Decider>(
     app: &Arc<App<D>>,
+    headers: &HeaderMap,
     body: Body,
     rid: &str,
 ) -> Result<Value, ApiError> {
-    let bytes = accept(app, body).await?;
+    let bytes = accept(app, headers, body).await?;
     let p = parse_permute(parse_json(&bytes)?)?;
     let inner = serde_json::to_vec(&Value::Object(p.request.clone())).unwrap_or_default();
     let decider = Arc::clone(&app.decider);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kev_server::{Admission, ApiError, Decider, ServerConfig};
+use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Value, json};
 
 /// Echoes each request's question ids with a fixed noul answer; can be slowed down, held before
@@ -56,11 +56,21 @@ impl Decider for Stub {
         })
     }
 
-    fn run(&self, jobs: Vec<Job>) -> Vec<Result<Value, ApiError>> {
-        self.runs.fetch_add(jobs.len(), Ordering::SeqCst);
+    fn need(&self, job: &Job) -> Need {
+        let t = 10 * job.ids.len();
+        Need {
+            phase: t,
+            unit: t,
+            remaining: t,
+        }
+    }
+
+    fn pass(&self, grants: &mut [(&mut Job, usize)]) -> Vec<Step> {
+        self.runs.fetch_add(grants.len(), Ordering::SeqCst);
         std::thread::sleep(self.delay);
-        jobs.into_iter()
-            .map(|j| {
+        grants
+            .iter()
+            .map(|(j, _)| {
                 if self.panic_on.as_deref() == Some(j.model.as_str()) {
                     panic!("stub engine failure");
                 }
@@ -69,7 +79,9 @@ impl Decider for Stub {
                     .iter()
                     .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
                     .collect();
-                Ok(json!({"model": j.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}))
+                Step::Done(Ok(
+                    json!({"model": j.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}),
+                ))
             })
             .collect()
     }
@@ -262,12 +274,17 @@ fn auth_on_guards_v1_routes_only() {
         BODY.as_bytes(),
     );
     assert_eq!(status, 200);
-    // Case-sensitive scheme and key.
+    // The scheme is case-insensitive (RFC 9110 §11.1), the key is not.
     let (status, _) = send(
         post(&r).set("authorization", "bearer s3cret"),
         BODY.as_bytes(),
     );
-    assert!(status == 401 || status == 403);
+    assert_eq!(status, 200);
+    let (status, _) = send(
+        post(&r).set("authorization", "Bearer S3CRET"),
+        BODY.as_bytes(),
+    );
+    assert_eq!(status, 401);
     let (status, _) = send(agent().get(&r.url("/v1/models")), b"");
     assert_eq!(status, 403);
     let (status, _) = send(

@@ -184,6 +184,28 @@ impl KevTokenizer {
         req: &ValidRequest,
         limits: &Limits,
     ) -> Result<CompiledRequest, TokenizeError> {
+        self.compile_capped(req, limits, usize::MAX)
+    }
+
+    /// [`Self::compile`] that also refuses a request of more than `max_input_tokens` input tokens (the state
+    /// once plus every branch, as `usage.input_tokens` counts them) with [`TokenizeError::TooMuchWork`], and
+    /// stops tokenizing as soon as a limit is certainly exceeded: a state far over the state limit is refused
+    /// after reading about as much of it as the limit allows, not after tokenizing all of it.
+    pub fn compile_capped(
+        &self,
+        req: &ValidRequest,
+        limits: &Limits,
+        max_input_tokens: usize,
+    ) -> Result<CompiledRequest, TokenizeError> {
+        if !limits.truncate_state
+            && let Some(at_least) =
+                self.certainly_over(req.rendered_state(), limits.max_state_tokens)
+        {
+            return Err(TokenizeError::StateFarTooLong {
+                at_least,
+                limit: limits.max_state_tokens,
+            });
+        }
         let state_text = self.user_tokens(req.rendered_state())?;
         let full = 1 + state_text.len();
         let keep = if full > limits.max_state_tokens {
@@ -233,6 +255,12 @@ impl KevTokenizer {
                 });
             }
             input_tokens += ids.len();
+            if input_tokens > max_input_tokens {
+                return Err(TokenizeError::TooMuchWork {
+                    at_least: input_tokens,
+                    limit: max_input_tokens,
+                });
+            }
             let decide = ls + ids.len() - 1;
             branches.push(Branch {
                 ids,

@@ -72,6 +72,31 @@ pub enum TokenizeError {
         /// The row limit (73,728).
         row_limit: usize,
     },
+    /// The state is so far over the state limit that it was not tokenized to its end: 422.
+    #[error(
+        "state is over the {}-token limit (the <state> token included): its first part alone is {} tokens; \
+         shorten the document or split it across requests",
+        thousands(*.limit),
+        thousands(*.at_least)
+    )]
+    StateFarTooLong {
+        /// Tokens counted before giving up (a lower bound of the state's length).
+        at_least: usize,
+        /// The limit (65,536).
+        limit: usize,
+    },
+    /// The request's input tokens (state once + every branch) are over the server's per-request cap: 413.
+    #[error(
+        "too much work in one request: input_tokens (the state once plus every question's branch) is at least {}, over the limit of {}; split the questions across requests",
+        thousands(*.at_least),
+        thousands(*.limit)
+    )]
+    TooMuchWork {
+        /// Input tokens counted when the cap was passed.
+        at_least: usize,
+        /// The cap.
+        limit: usize,
+    },
     /// The encoder failed (not expected for any text; a server fault).
     #[error("tokenizer failed: {0}")]
     Encode(String),
@@ -103,10 +128,13 @@ fn thousands(n: usize) -> String {
 }
 
 impl TokenizeError {
-    /// HTTP status: 422 for a limit, 500 for an encoder fault.
+    /// HTTP status: 422 for a token limit, 413 for the per-request work cap, 500 for an encoder fault.
     pub fn status(&self) -> u16 {
         match self {
-            TokenizeError::StateTooLong { .. } | TokenizeError::BranchTooLong { .. } => 422,
+            TokenizeError::StateTooLong { .. }
+            | TokenizeError::StateFarTooLong { .. }
+            | TokenizeError::BranchTooLong { .. } => 422,
+            TokenizeError::TooMuchWork { .. } => 413,
             TokenizeError::Encode(_) => 500,
         }
     }

@@ -162,6 +162,61 @@ impl KevTokenizer {
         self.encode_plain(&neutralize_delimiters(text))
     }
 
+    /// `Some(n)` when `text` (a state, before its `<|fim_prefix|>`) is certainly more than `limit - 1` tokens:
+    /// `n` tokens were counted in a leading part of it. `None` when it may fit: then it must be tokenized in
+    /// full. Texts of up to 4 bytes per allowed token are never judged here (`None`).
+    ///
+    /// Long texts are counted piece by piece (~64 KiB each), each piece ending just before a space or newline
+    /// that follows an ASCII letter or digit: both split regexes end a pre-token there, so the pieces' counts
+    /// add up to the whole text's count; `64` tokens of slack per cut cover a cut where no such place was
+    /// found (then at a character boundary). Counting stops as soon as the sum is over the limit plus the
+    /// slack, so refusing a megabytes-long state costs about as much as tokenizing `limit` tokens.
+    pub fn certainly_over(&self, text: &str, limit: usize) -> Option<usize> {
+        const PIECE: usize = 64 << 10;
+        const SLACK_PER_CUT: usize = 64;
+        if text.len() <= limit.saturating_mul(4) {
+            return None;
+        }
+        let mut over = None;
+        self.count_in_pieces(text, PIECE, |counted, cuts| {
+            // The state's own `<|fim_prefix|>` makes `counted + 1` tokens.
+            if counted + 1 > limit.saturating_add(SLACK_PER_CUT * cuts) {
+                over = Some(counted + 1);
+                return false;
+            }
+            true
+        })
+        .ok()?;
+        over
+    }
+
+    /// `user_tokens(text).len()` counted piece by piece (pieces of about `piece` bytes, cut as
+    /// [`Self::certainly_over`] describes), calling `go(counted so far, cuts so far)` after each piece and
+    /// stopping when it returns false. Returns the count reached.
+    pub fn count_in_pieces(
+        &self,
+        text: &str,
+        piece: usize,
+        mut go: impl FnMut(usize, usize) -> bool,
+    ) -> Result<usize, TokenizeError> {
+        let len = text.len();
+        let mut at = 0;
+        let mut counted = 0usize;
+        let mut cuts = 0usize;
+        while at < len {
+            let end = piece_end(text, at, piece.max(1));
+            counted += self.user_tokens(&text[at..end])?.len();
+            if end < len {
+                cuts += 1;
+            }
+            if !go(counted, cuts) {
+                break;
+            }
+            at = end;
+        }
+        Ok(counted)
+    }
+
     /// `usage.output_tokens` (§8.4): tokens of Python's default `json.dumps(answers)`, plain tokenizer.
     pub fn output_tokens(&self, answers: &Value) -> Result<usize, TokenizeError> {
         self.encode_plain(&kev_contract::python_dumps(answers))
@@ -192,4 +247,25 @@ fn split_regex(doc: &mut Value) -> Result<&mut Value, LoadError> {
         .ok_or_else(|| {
             LoadError::PreTokenizer("no Split pre-tokenizer with a Regex pattern".into())
         })
+}
+
+/// Where a counting piece that starts at `at` ends: just before the first space or newline after `at + piece`
+/// that follows an ASCII letter or digit (looking 4 KiB further), else at the next character boundary.
+fn piece_end(text: &str, at: usize, piece: usize) -> usize {
+    let b = text.as_bytes();
+    let want = at + piece;
+    if want >= b.len() {
+        return b.len();
+    }
+    let look = (want + (4 << 10)).min(b.len());
+    for i in want.max(at + 1)..look {
+        if matches!(b[i], b' ' | b'\n') && b[i - 1].is_ascii_alphanumeric() {
+            return i;
+        }
+    }
+    let mut i = want;
+    while !text.is_char_boundary(i) {
+        i += 1;
+    }
+    i
 }

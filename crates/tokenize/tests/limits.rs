@@ -223,3 +223,71 @@ fn tokenizer_is_send_and_sync() {
         }
     });
 }
+
+/// A mixed text of `n` lines: words, digits, punctuation, spaces, newlines, non-ASCII.
+fn mixed_text(lines: usize) -> String {
+    (0..lines)
+        .map(|k| {
+            format!(
+                "Line {k}: the customer (order #{}) writes «où est ma commande?» — 3 days late!!  Refund {}.\n",
+                1000 + k,
+                k % 7
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_state_far_over_the_limit_is_refused_early_and_the_cut_count_is_exact() {
+    let tok = kev();
+    // The cut points (before a space or newline after a letter or digit) end a pre-token in both split
+    // regexes, so counting piece by piece must give exactly the whole text's count.
+    let text = mixed_text(4000); // ~400 KB
+    let whole = tok.user_tokens(&text).unwrap().len();
+    for piece in [1000, 4096, 65_536] {
+        assert_eq!(
+            tok.count_in_pieces(&text, piece, |_, _| true).unwrap(),
+            whole,
+            "{piece}"
+        );
+    }
+    let spaceless = "漢字かなまじり".repeat(20_000);
+    let exact = tok.user_tokens(&spaceless).unwrap().len();
+    let pieces = tok
+        .count_in_pieces(&spaceless, 65_536, |_, _| true)
+        .unwrap();
+    assert!(pieces.abs_diff(exact) <= 64, "{pieces} vs {exact}");
+    let small = whole / 2;
+    let n = tok.certainly_over(&text, small).expect("far over");
+    assert!(n > small && n <= whole + 1, "{n} vs {small}..{whole}");
+    // Through compile: the over-long state is a 422 that names the limit, found without tokenizing it all.
+    let big = mixed_text(60_000); // ~6 MB
+    let req = request(&big, json!({"q": {"type": "noul"}}));
+    let t = std::time::Instant::now();
+    let err = tok.compile(&req, &Limits::KEV).unwrap_err();
+    assert!(
+        matches!(err, TokenizeError::StateFarTooLong { .. }),
+        "{err}"
+    );
+    assert_eq!(err.status(), 422);
+    assert!(err.to_string().contains("65,536"), "{err}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn the_input_token_cap_is_413() {
+    let tok = kev();
+    let req = request(
+        &state_of(100),
+        json!({"a": {"type": "noul"}, "b": {"type": "noul"}}),
+    );
+    let all = tok.compile(&req, &Limits::KEV).unwrap().input_tokens();
+    assert!(tok.compile_capped(&req, &Limits::KEV, all).is_ok());
+    let err = tok.compile_capped(&req, &Limits::KEV, all - 1).unwrap_err();
+    assert_eq!(err.status(), 413);
+    assert!(matches!(err, TokenizeError::TooMuchWork { limit, .. } if limit == all - 1));
+}

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kev_decide::{Job, Kev, ModelInfo, Settings};
-use kev_engine::CpuBackend;
+use kev_decide::{Grant, Kev, ModelInfo, Settings, Task};
+use kev_engine::{CpuBackend, State};
 use kev_release::Release;
-use kev_server::{Admission, ApiError, Decider, EngineStats, ServerConfig};
+use kev_server::{Admission, ApiError, Decider, EngineStats, Need, ServerConfig, Step};
 use serde_json::Value;
 
 use crate::loading::{ServiceArgs, admit, demo_release, load};
@@ -46,9 +46,20 @@ pub struct Args {
     /// Largest request body accepted, after decompression (bytes).
     #[arg(long, env = "KEV_MAX_BODY", default_value_t = 8 << 20)]
     max_body: usize,
-    /// Longest a whole request may take (seconds).
+    /// Longest a whole request may take (seconds); past it the request is answered 408 `timeout_error`
+    /// and stopped before its next engine pass.
     #[arg(long, env = "KEV_REQUEST_TIMEOUT_S", default_value_t = 300)]
     request_timeout_s: u64,
+    /// Open connections at most (further ones wait in the listen backlog).
+    #[arg(long, env = "KEV_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
+    /// Longest a client may take to send a request's headers, and longest an idle keep-alive connection
+    /// stays open (seconds).
+    #[arg(long, env = "KEV_HEADER_READ_TIMEOUT_S", default_value_t = 10)]
+    header_read_timeout_s: u64,
+    /// Requests parsed and tokenized at once (default: the number of cores).
+    #[arg(long, env = "KEV_ADMIT_PERMITS")]
+    admit_permits: Option<usize>,
     /// Extra model names `/v1/models` lists and requests may use (`kev-latest` and `jev-latest` always are).
     #[arg(long = "alias", env = "KEV_ALIASES", value_delimiter = ',')]
     aliases: Vec<String>,
@@ -74,27 +85,45 @@ struct ServedModel {
 }
 
 impl Decider for ServedModel {
-    type Job = Job;
+    type Job = Task<State>;
 
-    fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
-        let job = admit(&self.kev, body, self.date_facts)
-            .map_err(|r| ApiError::with_body(r.status, r.body))?;
+    fn admit(&self, body: &[u8]) -> Result<Admission<Task<State>>, ApiError> {
+        let job = admit(&self.kev, body, self.date_facts).map_err(|r| match r.over {
+            Some(o) => ApiError::too_much_work(o.field, o.bound, o.value, o.message()),
+            None => ApiError::with_body(r.status, r.body),
+        })?;
         Ok(Admission {
             tokens: job.tokens(),
-            job,
+            job: self.kev.task(job),
         })
     }
 
-    fn run(&self, jobs: Vec<Job>) -> Vec<Result<Value, ApiError>> {
-        let refs: Vec<&Job> = jobs.iter().collect();
+    fn need(&self, job: &Task<State>) -> Need {
+        let n = self.kev.need(job);
+        Need {
+            phase: n.phase,
+            unit: n.unit,
+            remaining: n.remaining,
+        }
+    }
+
+    fn pass(&self, grants: &mut [(&mut Task<State>, usize)]) -> Vec<Step> {
+        let mut g: Vec<Grant<'_, State>> = grants
+            .iter_mut()
+            .map(|(task, tokens)| Grant {
+                task: &mut **task,
+                tokens: *tokens,
+            })
+            .collect();
         self.kev
-            .run(&refs)
+            .pass(&mut g)
             .into_iter()
-            .map(|r| match r {
-                Ok(d) => Ok(d.body),
-                Err(e) => {
+            .map(|s| match s {
+                kev_decide::Step::Running => Step::Running,
+                kev_decide::Step::Done(Ok(d)) => Step::Done(Ok(d.body)),
+                kev_decide::Step::Done(Err(e)) => {
                     tracing::error!(error = %e, "decision failed");
-                    Err(ApiError::internal("engine"))
+                    Step::Done(Err(ApiError::internal("engine")))
                 }
             })
             .collect()
@@ -155,6 +184,13 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         max_body: args.max_body,
         request_timeout: Duration::from_secs(args.request_timeout_s.max(1)),
         model_names: names,
+        max_connections: args.max_connections.max(1),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_s.max(1)),
+        admit_permits: args
+            .admit_permits
+            .unwrap_or(ServerConfig::default().admit_permits)
+            .max(1),
+        ..ServerConfig::default()
     };
     tracing::info!(
         auth = config.api_key.is_some(),

@@ -298,7 +298,7 @@ mod tests {
                 let same = isa == kern.isa() || (isa == Isa::Avx512 && kern.isa() == Isa::Avx512Bf16);
                 assert!(same, "{:?} ran as {isa:?}", kern.isa());
                 assert!(out[n].is_nan(), "{isa:?}: wrote past the end");
-                for i in 0..n {
+                for (i, got) in out.iter().enumerate().take(n) {
                     let (a, b) = (i as f32 * 0.37 - 3.0, 1.5 - i as f32 * 0.11);
                     let f = a.mul_add(b, 0.25);
                     let u = a * b + 0.25;
@@ -307,9 +307,8 @@ mod tests {
                         if a < 0.0 { v.round_ties_even() } else { v }
                     };
                     assert!(
-                        out[i] == want(f) || out[i] == want(u),
-                        "{isa:?} n={n} lane {i}: {} vs {}",
-                        out[i],
+                        *got == want(f) || *got == want(u),
+                        "{isa:?} n={n} lane {i}: {got} vs {}",
                         want(f)
                     );
                 }

@@ -95,6 +95,7 @@ impl Mode {
     fn settings(self, pass_tokens: usize, chunk_aligned: bool) -> Settings {
         let base = Settings {
             limits: Limits::KEV,
+            caps: kev_decide::Caps::default(),
             pass_tokens: pass_tokens.max(1),
             cache_bytes: 0,
             chunk_aligned,

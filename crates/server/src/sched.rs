@@ -1,0 +1,238 @@
+//! Which requests the next engine pass advances, and by how many tokens: a plain function of what every
+//! admitted request has left, unit-tested directly.
+//!
+//! The policy (chunked prefill with shortest-remaining-first and aging):
+//! - A pass has a token budget (`pass_tokens`). Requests are taken **shortest remaining work first**; each
+//!   gets its whole current phase (its state prefix, or all its question rows) while that fits the budget.
+//! - A phase that does not fit (a long state, or very many questions) advances by a **partial piece**:
+//!   one per pass, and only in a pass that carries no short work, so short requests never wait behind it
+//!   for more than one piece. The decider cuts a state prefix at multiples of 64 tokens, so the answers
+//!   stay bit-equal to an uninterrupted run.
+//! - A piece is sized by **time**: about as long as the recent short-only passes took (the request's own
+//!   measured tokens per second × that time), at least one unit (64 state tokens or one row), at most the
+//!   budget; its first piece is one unit (to measure its speed). With no short work seen lately, a piece
+//!   takes up to `solo_piece` (fewer, larger passes; and the first short request to arrive waits at most
+//!   that long).
+//! - **Aging**: a request skipped for `starve_passes` passes in a row goes first in the next pass, whatever
+//!   its size (a stream of short requests cannot starve a long one; a long one gets at least one pass in
+//!   `starve_passes + 1`).
+//! - At most `long_in_flight` requests longer than one pass are started at once (each holds a state's
+//!   key/value cache); a further long request waits in the queue, where its deadline still applies.
+
+use std::time::Duration;
+
+use crate::Need;
+
+/// One admitted request as the planner sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate {
+    /// What it has left.
+    pub need: Need,
+    /// Whether an earlier pass advanced it (it left the queue).
+    pub started: bool,
+    /// Passes in a row that did not advance it.
+    pub skipped: u32,
+    /// Admission order.
+    pub seq: u64,
+    /// Its tokens per second in its last partial piece, if it had one.
+    pub rate: Option<f64>,
+}
+
+/// The planner's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Token budget of one pass.
+    pub pass_tokens: usize,
+    /// Skipped passes after which a request goes first.
+    pub starve_passes: u32,
+    /// Most started requests longer than one pass.
+    pub long_in_flight: usize,
+    /// How long a partial piece may take when no short work was seen lately (bounds the wait of the
+    /// first short request to arrive).
+    pub solo_piece: Duration,
+}
+
+/// The next pass: `(candidate index, token grant)` in candidate order, and which one (if any) got a
+/// partial piece.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Grants, sorted by candidate index.
+    pub grants: Vec<(usize, usize)>,
+    /// The candidate cut into a partial piece.
+    pub partial: Option<usize>,
+}
+
+/// Plan one pass. `slice` is the time a partial piece should take (the recent short passes' duration);
+/// `None` when no short work was seen lately.
+pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Plan {
+    let budget0 = policy.pass_tokens.max(1);
+    let is_long = |c: &Candidate| c.need.remaining > budget0;
+    let starved = |c: &Candidate| c.skipped >= policy.starve_passes;
+    let mut long_started = cands.iter().filter(|c| c.started && is_long(c)).count();
+    let mut order: Vec<usize> = (0..cands.len()).collect();
+    order.sort_by_key(|&i| {
+        let c = &cands[i];
+        if starved(c) {
+            (0, 0, c.seq)
+        } else {
+            (1, c.need.remaining, c.seq)
+        }
+    });
+    let mut budget = budget0;
+    let mut out = Plan::default();
+    let mut whole_any = false;
+    for i in order {
+        let c = &cands[i];
+        let opens_long = !c.started && is_long(c);
+        if opens_long && long_started >= policy.long_in_flight {
+            continue;
+        }
+        if c.need.phase <= budget {
+            out.grants.push((i, c.need.phase));
+            budget -= c.need.phase;
+            whole_any = true;
+        } else {
+            // A partial piece: one per pass, not beside short work unless this request is starved.
+            if out.partial.is_some() || (whole_any && !starved(c)) {
+                continue;
+            }
+            if !out.grants.is_empty() && budget < c.need.unit {
+                continue;
+            }
+            // The piece's time: the recent short passes', or `solo_piece` with none about; a first
+            // piece (speed unknown) is one unit, which measures it.
+            let target = slice.unwrap_or(policy.solo_piece);
+            let timed = match c.rate {
+                Some(rate) => (rate * target.as_secs_f64()) as usize,
+                None => c.need.unit,
+            };
+            let grant = timed.min(budget.max(c.need.unit)).max(c.need.unit);
+            out.grants.push((i, grant));
+            out.partial = Some(i);
+            budget = budget.saturating_sub(grant);
+        }
+        if opens_long {
+            long_started += 1;
+        }
+    }
+    out.grants.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(phase: usize, remaining: usize, seq: u64) -> Candidate {
+        Candidate {
+            need: Need {
+                phase,
+                unit: phase.min(64),
+                remaining,
+            },
+            started: false,
+            skipped: 0,
+            seq,
+            rate: None,
+        }
+    }
+
+    const P: Policy = Policy {
+        pass_tokens: 1000,
+        starve_passes: 3,
+        long_in_flight: 1,
+        solo_piece: Duration::from_millis(500),
+    };
+
+    #[test]
+    fn short_work_first_and_whole() {
+        let cands = [c(900, 60_000, 0), c(100, 300, 1), c(200, 200, 2)];
+        let p = plan(&cands, &P, None);
+        // The long state is left out while short work fills the pass.
+        assert_eq!(p.grants, vec![(1, 100), (2, 200)]);
+        assert_eq!(p.partial, None);
+    }
+
+    #[test]
+    fn a_long_state_alone_gets_a_timed_piece() {
+        let mut long = c(60_000, 60_100, 0);
+        long.started = true;
+        // Speed unknown: one unit; then up to `solo_piece` (capped by the budget) with no short work about.
+        let p = plan(&[long], &P, None);
+        assert_eq!(p.grants, vec![(0, 64)]);
+        long.rate = Some(10_000.0);
+        let p = plan(&[long], &P, None);
+        assert_eq!(p.grants, vec![(0, 1000)]);
+        long.rate = Some(1_000.0);
+        let p = plan(&[long], &P, None);
+        assert_eq!(p.grants, vec![(0, 500)]);
+        // 10,000 tokens/s × 20 ms = 200 tokens.
+        long.rate = Some(10_000.0);
+        long.rate = Some(10_000.0);
+        let p = plan(&[long], &P, Some(Duration::from_millis(20)));
+        assert_eq!(p.grants, vec![(0, 200)]);
+        assert_eq!(p.partial, Some(0));
+        // Speed unknown while short work is about: one unit too.
+        long.rate = None;
+        let p = plan(&[long], &P, Some(Duration::from_millis(20)));
+        assert_eq!(p.grants, vec![(0, 64)]);
+        // Never below one unit.
+        long.rate = Some(10.0);
+        let p = plan(&[long], &P, Some(Duration::from_millis(20)));
+        assert_eq!(p.grants, vec![(0, 64)]);
+    }
+
+    #[test]
+    fn a_starved_long_state_goes_first_beside_short_work() {
+        let mut long = c(60_000, 60_100, 0);
+        long.started = true;
+        long.skipped = 3;
+        long.rate = Some(10_000.0);
+        let cands = [long, c(100, 300, 1), c(5000, 5000, 2)];
+        let p = plan(&cands, &P, Some(Duration::from_millis(20)));
+        assert_eq!(p.grants, vec![(0, 200), (1, 100)]);
+        assert_eq!(p.partial, Some(0));
+    }
+
+    #[test]
+    fn at_most_one_long_request_in_flight() {
+        let mut a = c(60_000, 60_100, 0);
+        a.started = true;
+        a.skipped = 1;
+        let b = c(60_000, 60_100, 1);
+        let p = plan(&[a, b], &P, None);
+        assert_eq!(p.grants, vec![(0, 64)]);
+        // A new long request may start when none is in flight; a short one always may.
+        let p = plan(&[b, c(10, 10, 2)], &P, None);
+        assert_eq!(p.grants, vec![(1, 10)]);
+        let p = plan(&[b], &P, None);
+        assert_eq!(p.grants, vec![(0, 64)]);
+    }
+
+    #[test]
+    fn a_row_over_the_budget_runs_alone() {
+        let big = Candidate {
+            need: Need {
+                phase: 3000,
+                unit: 3000,
+                remaining: 3000,
+            },
+            ..c(0, 0, 0)
+        };
+        let p = plan(&[big], &P, None);
+        assert_eq!(p.grants, vec![(0, 3000)]);
+        // Beside short work it waits (unless starved).
+        let p = plan(&[big, c(10, 10, 1)], &P, None);
+        assert_eq!(p.grants, vec![(1, 10)]);
+    }
+
+    #[test]
+    fn skipped_short_requests_age_into_fifo() {
+        let mut old = c(600, 600, 0);
+        old.skipped = 3;
+        let cands = [old, c(500, 500, 1), c(300, 300, 2)];
+        let p = plan(&cands, &P, None);
+        // The starved one first, then the shortest that still fits.
+        assert_eq!(p.grants, vec![(0, 600), (2, 300)]);
+    }
+}

@@ -1,0 +1,573 @@
+//! Serving under adversity (issue 15) with stand-in deciders whose work is measured in tokens and time:
+//! overload sheds with both 429 and 529 and answers everything it accepted; a request waiting behind a
+//! busy engine gets its 529 at its deadline, not when the engine is free; long work advances in pieces
+//! between short requests; a request whose time runs out stops between pieces; header semantics.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
+use serde_json::{Value, json};
+
+/// Work in tokens: a job of `n` tokens, `unit` at least per pass, each token costing `per_token` of sleep;
+/// a job can also be one indivisible piece (`unit == n`).
+struct Stub {
+    per_token: Duration,
+    runs: AtomicUsize,
+    tokens_run: AtomicUsize,
+    passes: Mutex<Vec<Vec<String>>>,
+}
+
+impl Stub {
+    fn new(per_token: Duration) -> Self {
+        Stub {
+            per_token,
+            runs: AtomicUsize::new(0),
+            tokens_run: AtomicUsize::new(0),
+            passes: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+struct Job {
+    model: String,
+    ids: Vec<String>,
+    left: usize,
+    unit: usize,
+}
+
+impl Decider for Stub {
+    type Job = Job;
+
+    fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
+        let v: Value = serde_json::from_slice(body).map_err(|_| {
+            ApiError::with_body(
+                422,
+                json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}),
+            )
+        })?;
+        let qs = v
+            .get("questions")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let tokens = v.get("tokens").and_then(Value::as_u64).unwrap_or(10) as usize;
+        let whole = v.get("whole").and_then(Value::as_bool).unwrap_or(false);
+        Ok(Admission {
+            tokens,
+            job: Job {
+                model: v
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .unwrap_or("kev-latest")
+                    .into(),
+                ids: qs.keys().cloned().collect(),
+                left: tokens,
+                unit: if whole {
+                    tokens
+                } else {
+                    let unit = v.get("unit").and_then(Value::as_u64).unwrap_or(64) as usize;
+                    tokens.min(unit.max(1))
+                },
+            },
+        })
+    }
+
+    fn need(&self, job: &Job) -> Need {
+        Need {
+            phase: job.left,
+            unit: job.unit.min(job.left),
+            remaining: job.left,
+        }
+    }
+
+    fn pass(&self, grants: &mut [(&mut Job, usize)]) -> Vec<Step> {
+        let mut total = 0;
+        let mut names = Vec::new();
+        for (job, grant) in grants.iter_mut() {
+            let take = (*grant).max(job.unit).min(job.left);
+            job.left -= take;
+            total += take;
+            names.push(job.model.clone());
+        }
+        self.passes.lock().unwrap().push(names);
+        self.tokens_run.fetch_add(total, Ordering::SeqCst);
+        std::thread::sleep(self.per_token * total as u32);
+        grants
+            .iter()
+            .map(|(job, _)| {
+                if job.left > 0 {
+                    return Step::Running;
+                }
+                self.runs.fetch_add(1, Ordering::SeqCst);
+                let answers: serde_json::Map<String, Value> = job
+                    .ids
+                    .iter()
+                    .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
+                    .collect();
+                Step::Done(Ok(
+                    json!({"model": job.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}),
+                ))
+            })
+            .collect()
+    }
+
+    fn warm_up(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn model_card(&self) -> Value {
+        json!({"description": "stub", "release_date": "2026-10-01"})
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), kev_server::ServerError>>>,
+}
+
+impl Running {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start(config: ServerConfig, stub: Arc<Stub>) -> Running {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            kev_server::serve_on(listener, config, stub, async move {
+                let _ = rx.await;
+            })
+            .await
+        })
+    });
+    let r = Running {
+        addr,
+        stop: Some(tx),
+        thread: Some(thread),
+    };
+    for _ in 0..500 {
+        if let Ok(resp) = agent().get(&r.url("/ready")).call()
+            && resp.status() == 200
+        {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("server never became ready");
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+fn send(req: ureq::Request, body: &[u8]) -> (u16, ureq::Response) {
+    match req.send_bytes(body) {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("transport error: {e}"),
+    }
+}
+
+fn json_of(r: ureq::Response) -> Value {
+    let text = r.into_string().unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn body(model: &str, tokens: usize, whole: bool) -> Vec<u8> {
+    body_unit(model, tokens, whole, 64)
+}
+
+fn body_unit(model: &str, tokens: usize, whole: bool, unit: usize) -> Vec<u8> {
+    json!({"model": model, "state": "x", "tokens": tokens, "whole": whole, "unit": unit,
+           "questions": {format!("id-{model}"): {"type": "noul"}}})
+    .to_string()
+    .into_bytes()
+}
+
+fn post(r: &Running, b: &[u8]) -> (u16, ureq::Response) {
+    send(
+        agent()
+            .post(&r.url("/v1/systemone"))
+            .set("content-type", "application/json"),
+        b,
+    )
+}
+
+fn metric(r: &Running, name: &str) -> f64 {
+    let (_, resp) = send(agent().get(&r.url("/metrics")), b"");
+    let text = resp.into_string().unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn overload_sheds_with_both_429_and_529_and_answers_everything_it_accepted() {
+    let config = ServerConfig {
+        queue_depth: 4,
+        queue_deadline: Duration::from_millis(150),
+        pass_tokens: 10, // one job per pass
+        ..ServerConfig::default()
+    };
+    // Each job: one indivisible 400 ms pass.
+    let stub = Arc::new(Stub::new(Duration::from_millis(40)));
+    let r = start(config, Arc::clone(&stub));
+    let n = 16; // 4 × the queue capacity
+    let url = r.url("/v1/systemone");
+    let barrier = Arc::new(std::sync::Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let url = url.clone();
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let (status, resp) = send(
+                    agent().post(&url).set("content-type", "application/json"),
+                    &body(&format!("m{i}"), 10, true),
+                );
+                let retry = resp.header("retry-after").map(str::to_string);
+                (i, status, retry, json_of(resp))
+            })
+        })
+        .collect();
+    let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
+    for h in handles {
+        let (i, status, retry, v) = h.join().unwrap();
+        *by_status.entry(status).or_default() += 1;
+        match status {
+            200 => assert_eq!(v["model"], format!("m{i}")),
+            429 => {
+                assert!(retry.is_some(), "429 without Retry-After");
+                assert_eq!(v["detail"]["error_type"], "rate_limit_error");
+            }
+            529 => {
+                assert!(retry.is_some(), "529 without Retry-After");
+                assert_eq!(v["detail"]["error_type"], "overloaded_error");
+            }
+            other => panic!("status {other}: {v}"),
+        }
+    }
+    let ok = by_status.get(&200).copied().unwrap_or(0);
+    let full = by_status.get(&429).copied().unwrap_or(0);
+    let late = by_status.get(&529).copied().unwrap_or(0);
+    assert!(ok >= 1, "{by_status:?}");
+    assert!(
+        full >= 1,
+        "no 429: the queue is not bounded ({by_status:?})"
+    );
+    assert!(
+        late >= 1,
+        "no 529: the deadline is not applied ({by_status:?})"
+    );
+    // Accepted = answered 200 or 529; every 200 ran exactly once, nothing shed ran.
+    assert_eq!(ok + full + late, n);
+    assert_eq!(stub.runs.load(Ordering::SeqCst), ok);
+    assert_eq!(metric(&r, "kev_queue_expired_total") as usize, late);
+    assert_eq!(metric(&r, "kev_queue_rejected_total") as usize, full);
+    assert_eq!(post(&r, &body("after", 10, true)).0, 200);
+}
+
+#[test]
+fn a_request_behind_a_busy_engine_gets_529_at_its_deadline() {
+    let config = ServerConfig {
+        queue_deadline: Duration::from_millis(300),
+        pass_tokens: 100,
+        long_in_flight: 1,
+        ..ServerConfig::default()
+    };
+    // The first request is one indivisible 3 s pass (the engine is busy); the second cannot start
+    // beside it (a second long request) and must get 529 at 300 ms, not after 3 s.
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let url = r.url("/v1/systemone");
+    let busy = std::thread::spawn(move || {
+        send(
+            agent().post(&url).set("content-type", "application/json"),
+            &body("busy", 3000, true),
+        )
+        .0
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let (status, resp) = post(&r, &body("late", 3000, true));
+    let took = t.elapsed();
+    assert!(resp.header("retry-after").is_some());
+    assert_eq!(status, 529, "{}", json_of(resp));
+    assert!(
+        took < Duration::from_millis(1500),
+        "529 after {took:?} (deadline 300 ms, engine busy for 3 s)"
+    );
+    // While the engine is busy with a long request, /ready says how loaded it is.
+    let (_, ready) = send(agent().get(&r.url("/ready")), b"");
+    let ready = json_of(ready);
+    assert!(ready["running"].as_u64().is_some(), "{ready}");
+    assert_eq!(busy.join().unwrap(), 200);
+    assert_eq!(metric(&r, "kev_queue_expired_total"), 1.0);
+}
+
+#[test]
+fn long_work_advances_in_pieces_between_short_requests() {
+    let config = ServerConfig {
+        pass_tokens: 512,
+        ..ServerConfig::default()
+    };
+    // 1 ms per token: the long request is 8 s of work, a short one 10 ms.
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let url = r.url("/v1/systemone");
+    let idle: Vec<Duration> = (0..10)
+        .map(|i| {
+            let t = Instant::now();
+            assert_eq!(post(&r, &body(&format!("idle{i}"), 10, false)).0, 200);
+            t.elapsed()
+        })
+        .collect();
+    let long_started = Instant::now();
+    let long = std::thread::spawn(move || {
+        let (s, _) = send(
+            agent().post(&url).set("content-type", "application/json"),
+            &body_unit("long", 8000, false, 8),
+        );
+        (s, long_started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let loaded: Vec<Duration> = (0..20)
+        .map(|i| {
+            let t = Instant::now();
+            assert_eq!(post(&r, &body(&format!("short{i}"), 10, false)).0, 200);
+            t.elapsed()
+        })
+        .collect();
+    let shorts_done = long_started.elapsed();
+    let (status, long_took) = long.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        long_took > shorts_done,
+        "the long request finished before the short ones: the test did not overlap"
+    );
+    let worst_idle = idle.iter().max().unwrap();
+    let worst_loaded = loaded.iter().max().unwrap();
+    // Without pieces a short request would wait for up to a 512-token (0.5 s) pass; with time-sized
+    // pieces it waits about one short pass.
+    assert!(
+        *worst_loaded <= *worst_idle * 3 + Duration::from_millis(30),
+        "short requests beside a long one: worst {worst_loaded:?}, idle worst {worst_idle:?}"
+    );
+    assert!(metric(&r, "kev_engine_partial_pieces_total") > 5.0);
+    // The long request shared no pass with short work except when it was starved.
+    let passes = stub.passes.lock().unwrap();
+    assert!(passes.iter().any(|p| p == &["long".to_string()]));
+}
+
+#[test]
+fn a_request_past_its_timeout_is_stopped_between_pieces() {
+    let config = ServerConfig {
+        pass_tokens: 64,
+        request_timeout: Duration::from_secs(1),
+        ..ServerConfig::default()
+    };
+    // 5,000 tokens at 1 ms: 5 s of work in 64-token pieces; the timeout is 1 s.
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let t = Instant::now();
+    let (status, resp) = post(&r, &body("slow", 5000, false));
+    assert_eq!(status, 408);
+    assert_eq!(json_of(resp)["detail"]["error_type"], "timeout_error");
+    assert!(t.elapsed() < Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(300));
+    let ran = stub.tokens_run.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        stub.tokens_run.load(Ordering::SeqCst),
+        ran,
+        "the request kept running after its timeout"
+    );
+    assert!(ran < 2500, "{ran} tokens ran");
+    assert_eq!(metric(&r, "kev_engine_cancelled_total"), 1.0);
+}
+
+#[test]
+fn a_client_that_hangs_up_stops_its_remaining_pieces() {
+    let config = ServerConfig {
+        pass_tokens: 64,
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let b = body("gone", 5000, false);
+    let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+    let head = format!(
+        "POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        b.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(&b).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(300));
+    let ran = stub.tokens_run.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stub.tokens_run.load(Ordering::SeqCst), ran);
+    assert!(ran < 2000, "{ran}");
+    assert_eq!(stub.runs.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn content_codings_are_case_insensitive_and_stack_in_order() {
+    let stub = Arc::new(Stub::new(Duration::ZERO));
+    let r = start(ServerConfig::default(), stub);
+    let plain = body("enc", 10, false);
+    let zstd = zstd::encode_all(&plain[..], 3).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&plain).unwrap();
+    let gzip = gz.finish().unwrap();
+    // Applied gzip then zstd: `Content-Encoding: gzip, zstd`.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&plain).unwrap();
+    let stacked = zstd::encode_all(&gz.finish().unwrap()[..], 3).unwrap();
+    let req = |enc: &str| {
+        agent()
+            .post(&r.url("/v1/systemone"))
+            .set("content-type", "application/json")
+            .set("content-encoding", enc)
+    };
+    for (enc, data) in [
+        ("ZSTD", &zstd),
+        ("Zstd", &zstd),
+        ("GZip", &gzip),
+        ("x-gzip", &gzip),
+        ("gzip, zstd", &stacked),
+        ("identity, GZIP , Zstd", &stacked),
+        ("Identity", &plain),
+    ] {
+        let (status, resp) = send(req(enc), data);
+        assert_eq!(status, 200, "{enc}: {}", json_of(resp));
+    }
+    // The wrong order is not valid data for the last coding.
+    let (status, _) = send(req("zstd, gzip"), &stacked);
+    assert_eq!(status, 400);
+    let (status, resp) = send(req("gzip, br"), &plain);
+    assert_eq!(status, 415);
+    let v = json_of(resp);
+    assert!(
+        v["detail"]["message"].as_str().unwrap().contains("\"br\""),
+        "{v}"
+    );
+}
+
+#[test]
+fn the_auth_scheme_is_case_insensitive() {
+    let stub = Arc::new(Stub::new(Duration::ZERO));
+    let config = ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..ServerConfig::default()
+    };
+    let r = start(config, stub);
+    let with = |auth: &str| {
+        send(
+            agent()
+                .post(&r.url("/v1/systemone"))
+                .set("content-type", "application/json")
+                .set("authorization", auth),
+            &body("auth", 10, false),
+        )
+        .0
+    };
+    for ok in [
+        "Bearer s3cret",
+        "bearer s3cret",
+        "BEARER s3cret",
+        "bEaReR   s3cret",
+    ] {
+        assert_eq!(with(ok), 200, "{ok}");
+    }
+    assert_eq!(with("bearer wrong"), 401);
+    assert_eq!(with("Basic s3cret"), 403);
+    assert_eq!(with("Bearers3cret"), 403);
+    // The key itself stays case-sensitive.
+    assert_eq!(with("Bearer S3CRET"), 401);
+}
+
+#[test]
+fn slow_clients_are_closed_and_connections_capped() {
+    let stub = Arc::new(Stub::new(Duration::ZERO));
+    let config = ServerConfig {
+        header_read_timeout: Duration::from_millis(500),
+        max_connections: 4,
+        ..ServerConfig::default()
+    };
+    let r = start(config, stub);
+    // A slowloris: half a request line, then nothing. The server closes it after the header timeout.
+    let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+    s.write_all(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "slow client kept open {:?}",
+        t.elapsed()
+    );
+    // Idle keep-alive connections are closed after the same timeout.
+    let mut idle = std::net::TcpStream::connect(r.addr).unwrap();
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    let mut all = Vec::new();
+    let _ = idle.read_to_end(&mut all);
+    assert!(String::from_utf8_lossy(&all).starts_with("HTTP/1.1 200"));
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "idle kept {:?}",
+        t.elapsed()
+    );
+    // Four open connections hold every slot: a fifth waits until one closes.
+    let held: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(r.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let fifth = agent().get(&r.url("/health")).call();
+    assert!(fifth.is_ok());
+    // It was served only once the held connections timed out (500 ms header timeout).
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    drop(held);
+}
