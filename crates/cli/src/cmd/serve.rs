@@ -1,7 +1,7 @@
 //! `kev serve`: the SystemOne HTTP API over a local model.
 //!
 //! The model is named like every other command (`--model DIR` or `--base DIR --kev DIR`), or `--demo`
-//! (the bundled synthetic release), or nothing: then the prepared Kev-4B v1.0 from the kev cache, prepared
+//! (kev-mini, the bundled miniature Kev in `fixtures/mini`), or nothing: then the prepared Kev-4B v1.0 from the kev cache, prepared
 //! first (downloaded, verified, merged) when absent.
 
 use std::net::{IpAddr, SocketAddr};
@@ -26,7 +26,7 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     service: ServiceArgs,
-    /// Serve the bundled synthetic release (random weights in the real formats) so anyone can try the API.
+    /// Serve kev-mini, the bundled miniature Kev (trained, in the real formats; not Kev-4B), so anyone can try the API.
     #[arg(long, conflicts_with_all = ["model", "base", "kev"])]
     demo: bool,
     /// Address to bind.
@@ -165,10 +165,15 @@ fn card(info: &ModelInfo, settings: &Settings, demo: bool) -> Value {
         obj.insert(
             "description".into(),
             Value::String(
-                "kev demo: the bundled synthetic release (random weights in the real Kev formats); answers are not meaningful".into(),
+                "kev demo: kev-mini, a miniature Kev (hidden 64, 4 layers, trained on synthetic support tickets, \
+                 reviews, routing and JSON checks) in the real Kev formats; it is NOT Kev-4B: its answers are for \
+                 trying the API"
+                    .into(),
             ),
         );
         obj.insert("x_demo".into(), Value::Bool(true));
+        obj.insert("x_model".into(), Value::String("kev-mini".into()));
+        obj.insert("x_miniature".into(), Value::Bool(true));
     }
     card
 }
@@ -215,7 +220,7 @@ fn default_model(dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
              With no network, point kev at local copies instead:\n  \
              kev prepare --kev-dir KEV_REPO_DIR --base-dir BASE_REPO_DIR --out DIR && kev serve --model DIR\n\
              or serve the release files directly: kev serve --base BASE_REPO_DIR --kev KEV_REPO_DIR\n\
-             (or try the API on the bundled synthetic release: kev serve --demo)",
+             (or try the API on the bundled miniature, kev-mini: kev serve --demo)",
             dir.display()
         ),
     }
