@@ -143,15 +143,13 @@ fn describe(source: &Source) -> String {
     }
 }
 
-/// The bundled synthetic release `kev serve --demo` answers with (`KEV_DEMO_DIR` overrides).
+/// The bundled release `kev serve --demo` answers with: kev-mini, a miniature Kev trained on synthetic
+/// decision records in the real release formats (`fixtures/mini`; `KEV_DEMO_DIR` overrides).
 pub fn demo_release() -> anyhow::Result<(PathBuf, PathBuf)> {
     let root = std::env::var_os("KEV_DEMO_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../fixtures/release"
-            ))
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
         });
     let (base, kev) = (root.join("base"), root.join("kev"));
     if !base.join("config.json").is_file() || !kev.join("head.pt").is_file() {

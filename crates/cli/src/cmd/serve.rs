@@ -1,9 +1,9 @@
 //! `kev serve`: the SystemOne HTTP API over a local model.
 //!
 //! The model is named like every other command (`--model DIR` or `--base DIR --kev DIR`), or `--demo`
-//! (the bundled synthetic release), or nothing: then the prepared Kev-4B v1.0 (or `--release kev-0.8b`) from
-//! the kev cache, prepared first (downloaded, verified, merged) when absent. `/v1/models` lists the size
-//! (`kev-4b`, `kev-0.8b`) beside `kev-latest` and `jev-latest`.
+//! (kev-mini, the bundled miniature Kev in `fixtures/mini`), or nothing: then the prepared Kev-4B v1.0 (or
+//! `--release kev-0.8b`) from the kev cache, prepared first (downloaded, verified, merged) when absent.
+//! `/v1/models` lists the size (`kev-4b`, `kev-0.8b`) beside `kev-latest` and `jev-latest`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     service: ServiceArgs,
-    /// Serve the bundled synthetic release (random weights in the real formats) so anyone can try the API.
+    /// Serve kev-mini, the bundled miniature Kev (trained, in the real formats; not Kev-4B), so anyone can try the API.
     #[arg(long, conflicts_with_all = ["model", "base", "kev"])]
     demo: bool,
     /// Address to bind.
@@ -234,10 +234,15 @@ fn card(info: &ModelInfo, settings: &Settings, demo: bool) -> Value {
         obj.insert(
             "description".into(),
             Value::String(
-                "kev demo: the bundled synthetic release (random weights in the real Kev formats); answers are not meaningful".into(),
+                "kev demo: kev-mini, a miniature Kev (hidden 64, 4 layers, trained on synthetic support tickets, \
+                 reviews, routing and JSON checks) in the real Kev formats; it is NOT Kev-4B: its answers are for \
+                 trying the API"
+                    .into(),
             ),
         );
         obj.insert("x_demo".into(), Value::Bool(true));
+        obj.insert("x_model".into(), Value::String("kev-mini".into()));
+        obj.insert("x_miniature".into(), Value::Bool(true));
     }
     card
 }
@@ -289,7 +294,7 @@ fn default_model(release: Release, dir: Option<PathBuf>) -> anyhow::Result<PathB
              With no network, point kev at local copies instead:\n  \
              kev prepare --kev-dir KEV_REPO_DIR --base-dir BASE_REPO_DIR --out DIR && kev serve --model DIR\n\
              or serve the release files directly: kev serve --base BASE_REPO_DIR --kev KEV_REPO_DIR\n\
-             (or try the API on the bundled synthetic release: kev serve --demo)",
+             (or try the API on the bundled miniature, kev-mini: kev serve --demo)",
             pins.name,
             dir.display()
         ),

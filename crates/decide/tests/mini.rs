@@ -1,0 +1,322 @@
+//! kev-mini (`fixtures/mini`, written by `tools/reference/train_mini.py`): a *trained* miniature Kev in the
+//! real release formats, so the bars are the real ones and can fail — unlike on the random synthetic
+//! release, where rounding is amplified chaotically and bf16 can only be compared with torch's own bf16.
+//!
+//! On every test-split question (splits by template: the test states' frames never occur in training):
+//! exact fp32 within 1e-4 of the author's fp32 arm; bf16 compute and the merged-bf16 weights within the
+//! real bar (max |Δp| ≤ 0.02, mean of per-question mean |Δp| ≤ 0.002, the argmax kept wherever the
+//! reference margin exceeds 0.02); accuracy equal to the reference arm's and far above chance; and the
+//! README's own example answered sensibly, read from the README itself.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use kev_decide::{Kev, LoadSpec, Settings, Source, WeightForm, load_cpu};
+use kev_engine::{Arm, CpuBackend};
+use serde_json::Value;
+
+fn mini() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
+}
+
+/// One expected record of `expected/test.jsonl` (fixtures/README.md).
+struct Case {
+    id: String,
+    body: Vec<u8>,
+    expected: Value,
+}
+
+fn cases() -> &'static [Case] {
+    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
+    CASES.get_or_init(|| {
+        let text = std::fs::read_to_string(mini().join("expected/test.jsonl")).unwrap();
+        let out: Vec<Case> = text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                Case {
+                    id: v["id"].as_str().unwrap().to_string(),
+                    body: v["body"].as_str().unwrap().as_bytes().to_vec(),
+                    expected: v,
+                }
+            })
+            .collect();
+        assert!(
+            out.len() >= 100,
+            "expected ≥ 100 test requests, found {}",
+            out.len()
+        );
+        out
+    })
+}
+
+fn load(form: WeightForm, arm: Option<Arm>) -> Kev<CpuBackend> {
+    let spec = LoadSpec {
+        source: Source::Release {
+            base: mini().join("base"),
+            kev: mini().join("kev"),
+        },
+        form,
+        arm,
+        settings: Settings {
+            cache_bytes: 64 << 20,
+            ..Settings::default()
+        },
+    };
+    load_cpu(&spec)
+        .unwrap_or_else(|e| panic!("loading kev-mini: {e}"))
+        .0
+}
+
+fn run_all(kev: &Kev<CpuBackend>) -> Vec<Vec<Vec<f64>>> {
+    cases()
+        .iter()
+        .map(|c| {
+            let d = kev
+                .decide(&c.body)
+                .unwrap_or_else(|r| panic!("{}: refused {:?}", c.id, r.body))
+                .unwrap_or_else(|e| panic!("{}: {e}", c.id));
+            d.probabilities
+                .iter()
+                .map(|p| p.iter().map(|x| *x as f64).collect())
+                .collect()
+        })
+        .collect()
+}
+
+fn arm_of(c: &Case, arm: &str) -> Vec<Vec<f64>> {
+    c.expected["questions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            q[arm]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn argmax(v: &[f64]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Distances of `got` from the reference arm over every test question.
+#[derive(Debug)]
+struct Gap {
+    max: f64,
+    mean: f64,
+    flips: Vec<String>,
+    checked: usize,
+}
+
+fn gap(got: &[Vec<Vec<f64>>]) -> Gap {
+    let (mut max, mut means, mut flips, mut checked) = (0f64, Vec::new(), Vec::new(), 0);
+    for (c, per_q) in cases().iter().zip(got) {
+        let want = arm_of(c, "reference");
+        assert_eq!(want.len(), per_q.len(), "{}", c.id);
+        for (k, (r, p)) in want.iter().zip(per_q).enumerate() {
+            assert_eq!(r.len(), p.len(), "{} question {k}", c.id);
+            let d: Vec<f64> = r.iter().zip(p).map(|(a, b)| (a - b).abs()).collect();
+            max = max.max(d.iter().cloned().fold(0.0, f64::max));
+            means.push(d.iter().sum::<f64>() / d.len() as f64);
+            let mut s = r.clone();
+            s.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            if s.len() > 1 && s[0] - s[1] > 0.02 {
+                checked += 1;
+                if argmax(r) != argmax(p) {
+                    flips.push(format!("{} question {k}", c.id));
+                }
+            }
+        }
+    }
+    Gap {
+        max,
+        mean: means.iter().sum::<f64>() / means.len() as f64,
+        flips,
+        checked,
+    }
+}
+
+/// (accuracy against the labels, chance, questions).
+fn accuracy(got: &[Vec<Vec<f64>>]) -> (f64, f64, usize) {
+    let (mut hits, mut chance, mut n) = (0usize, 0f64, 0usize);
+    for (c, per_q) in cases().iter().zip(got) {
+        for (q, p) in c.expected["questions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(per_q)
+        {
+            let keys = q["keys"].as_array().unwrap();
+            hits += usize::from(keys[argmax(p)] == q["label"]);
+            chance += 1.0 / p.len() as f64;
+            n += 1;
+        }
+    }
+    (hits as f64 / n as f64, chance / n as f64, n)
+}
+
+fn fixture_arm(arm: &str) -> Vec<Vec<Vec<f64>>> {
+    cases().iter().map(|c| arm_of(c, arm)).collect()
+}
+
+#[test]
+fn exact_fp32_matches_the_reference_on_every_test_question() {
+    let got = run_all(&load(WeightForm::Exact, Some(Arm::Fp32)));
+    let g = gap(&got);
+    eprintln!(
+        "kev-mini exact+fp32 vs reference: max |Δp| {:.3e}, mean {:.3e}",
+        g.max, g.mean
+    );
+    assert!(g.max <= 1e-4, "max |Δp| {:.3e} > 1e-4", g.max);
+    assert!(g.flips.is_empty(), "argmax flips: {:?}", g.flips);
+}
+
+#[test]
+fn bf16_compute_and_merged_bf16_meet_the_real_bar() {
+    let torch = gap(&fixture_arm("torch_bf16"));
+    eprintln!(
+        "kev-mini torch bf16 vs reference (fixture, for comparison): max |Δp| {:.4}, mean {:.5}, {} flips over {} questions with margin > 0.02",
+        torch.max,
+        torch.mean,
+        torch.flips.len(),
+        torch.checked
+    );
+    let merged_ref = gap(&fixture_arm("merged_bf16"));
+    eprintln!(
+        "kev-mini reference merged-bf16 arm vs reference (fixture): max |Δp| {:.4}, mean {:.5}",
+        merged_ref.max, merged_ref.mean
+    );
+    for (form, arm, label) in [
+        (WeightForm::Exact, Arm::Bf16, "exact weights + bf16 compute"),
+        (
+            WeightForm::Merged,
+            Arm::Fp32,
+            "merged bf16 weights + fp32 compute",
+        ),
+        (
+            WeightForm::Merged,
+            Arm::Bf16,
+            "merged bf16 weights + bf16 compute",
+        ),
+    ] {
+        let g = gap(&run_all(&load(form, Some(arm))));
+        eprintln!(
+            "kev-mini {label} vs reference: max |Δp| {:.4}, mean {:.5}, {} flips over {} questions with margin > 0.02",
+            g.max,
+            g.mean,
+            g.flips.len(),
+            g.checked
+        );
+        assert!(g.max <= 0.02, "{label}: max |Δp| {:.4} > 0.02", g.max);
+        assert!(g.mean <= 0.002, "{label}: mean |Δp| {:.5} > 0.002", g.mean);
+        assert!(
+            g.flips.is_empty(),
+            "{label}: argmax changed where the reference margin > 0.02: {:?}",
+            g.flips
+        );
+    }
+}
+
+#[test]
+fn merged_fp32_matches_the_reference_merged_arm() {
+    let got = run_all(&load(WeightForm::Merged, Some(Arm::Fp32)));
+    let mut max = 0f64;
+    for (c, per_q) in cases().iter().zip(&got) {
+        for (r, p) in arm_of(c, "merged_bf16").iter().zip(per_q) {
+            for (a, b) in r.iter().zip(p) {
+                max = max.max((a - b).abs());
+            }
+        }
+    }
+    eprintln!("kev-mini merged+fp32 vs the reference's merged-bf16 arm: max |Δp| {max:.3e}");
+    assert!(max <= 1e-4, "max |Δp| {max:.3e} > 1e-4");
+}
+
+#[test]
+fn test_accuracy_equals_the_reference_and_is_far_above_chance() {
+    let (ref_acc, chance, n) = accuracy(&fixture_arm("reference"));
+    let got = run_all(&load(WeightForm::Exact, Some(Arm::Fp32)));
+    let (acc, _, _) = accuracy(&got);
+    let served = run_all(&load(WeightForm::Merged, None));
+    let (served_acc, _, _) = accuracy(&served);
+    eprintln!(
+        "kev-mini test split, {n} questions: reference {ref_acc:.3}, kev exact+fp32 {acc:.3}, kev as served {served_acc:.3}, chance {chance:.3}"
+    );
+    for (c, (p, k)) in cases().iter().zip(got.iter().zip(&served)) {
+        for (i, (r, (x, y))) in arm_of(c, "reference")
+            .iter()
+            .zip(p.iter().zip(k))
+            .enumerate()
+        {
+            assert_eq!(argmax(r), argmax(x), "{} question {i}: exact+fp32", c.id);
+            let mut s = r.clone();
+            s.sort_by(|a, b| b.partial_cmp(a).unwrap());
+            if s.len() < 2 || s[0] - s[1] > 0.02 {
+                assert_eq!(argmax(r), argmax(y), "{} question {i}: as served", c.id);
+            }
+        }
+    }
+    assert_eq!(acc, ref_acc);
+    assert!(
+        ref_acc >= 2.0 * chance,
+        "test accuracy {ref_acc:.3} is not far above chance {chance:.3}"
+    );
+}
+
+/// The request body of the README's curl example (`-d '…'`), so the test follows the README.
+fn readme_body() -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let start = readme
+        .find("/v1/systemone -H 'content-type: application/json' -d '")
+        .expect("README curl example");
+    let rest = &readme[start..];
+    let open = rest.find("-d '").unwrap() + 4;
+    let close = rest[open..].find("'\n").expect("end of the curl body") + open;
+    rest[open..close].to_string()
+}
+
+#[test]
+fn the_readme_example_answers_sensibly() {
+    let body = readme_body();
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(mini().join("expected/readme-example.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        serde_json::from_str::<Value>(want["body"].as_str().unwrap()).unwrap(),
+        "the README example and expected/readme-example.json disagree: rerun train_mini.py"
+    );
+    let check = |label: &str, answers: &Value| {
+        let refund = answers["refund"]["noul"].as_f64().unwrap();
+        let team = answers["team"]["choice"].as_str().unwrap();
+        let anger = answers["anger"]["score"].as_f64().unwrap();
+        eprintln!("README example, {label}: refund {refund}, team {team}, anger {anger}");
+        assert!(refund >= 0.9, "{label}: refund p(yes) {refund} < 0.9");
+        assert_eq!(team, "Billing", "{label}");
+        assert!(
+            anger >= 1.0,
+            "{label}: anger score {anger} < 1 (Frustrated)"
+        );
+    };
+    check("reference arm", &want["response"]["answers"]);
+    for (form, arm, label) in [
+        (WeightForm::Exact, Some(Arm::Fp32), "exact+fp32"),
+        (WeightForm::Merged, None, "as `kev serve --demo` serves it"),
+    ] {
+        let d = load(form, arm).decide(body.as_bytes()).unwrap().unwrap();
+        check(label, &d.body["answers"]);
+    }
+}
