@@ -268,7 +268,7 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiEr
 
 /// A content coding the server decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Coding {
+pub(crate) enum Coding {
     Gzip,
     Zstd,
     Deflate,

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kev_server::{Admission, ApiError, Decider, ServerConfig};
+use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Map, Value, json};
 
 struct Stub;
@@ -61,9 +61,19 @@ impl Decider for Stub {
         Ok(Admission { job: v, tokens })
     }
 
-    fn run(&self, jobs: Vec<Value>) -> Vec<Result<Value, ApiError>> {
-        jobs.into_iter()
-            .map(|v| {
+    fn need(&self, job: &Value) -> Need {
+        let t = 10 + 5 * job["questions"].as_object().map_or(0, |q| q.len());
+        Need {
+            phase: t,
+            unit: t,
+            remaining: t,
+        }
+    }
+
+    fn pass(&self, grants: &mut [(&mut Value, usize)]) -> Vec<Step> {
+        grants
+            .iter()
+            .map(|(v, _)| {
                 let qs = v["questions"].as_object().unwrap();
                 let answers: Map<String, Value> = qs
                     .iter()
@@ -75,11 +85,11 @@ impl Decider for Stub {
                         (id.clone(), a)
                     })
                     .collect();
-                Ok(json!({
+                Step::Done(Ok(json!({
                     "model": v.get("model").cloned().unwrap_or(json!("kev-latest")),
                     "answers": answers,
                     "usage": {"input_tokens": 10 + 5 * qs.len(), "output_tokens": 3 * qs.len()},
-                }))
+                })))
             })
             .collect()
     }
