@@ -29,7 +29,6 @@ pub use pyfmt::{float_repr, py_float_number, python_dumps, round4};
 pub use render::{is_py_space, option_text, py_lstrip, render};
 pub use request::{
     DEFAULT_MODEL, MAX_OPTIONS, Question, QuestionKind, ValidRequest, parse_body, parse_request,
-    python_loads,
-    refuse_non_json_content, validate,
+    python_loads, refuse_non_json_content, validate,
 };
 pub use response::{ModelCard, ResponseBody, compact_json, models_body};

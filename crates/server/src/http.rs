@@ -305,7 +305,11 @@ pub(crate) fn content_codings(headers: &HeaderMap) -> Result<Vec<Coding>, ApiErr
 
 /// Undo the codings, last applied first, each output held to `limit` bytes (413 past it, so a
 /// decompression bomb costs at most `limit` bytes of work per coding).
-pub(crate) fn decode_body(raw: Vec<u8>, codings: &[Coding], limit: usize) -> Result<Vec<u8>, ApiError> {
+pub(crate) fn decode_body(
+    raw: Vec<u8>,
+    codings: &[Coding],
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
     use std::io::Read;
     let mut data = raw;
     for coding in codings.iter().rev() {

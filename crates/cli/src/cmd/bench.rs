@@ -305,9 +305,11 @@ impl Machine {
             .map(|f| {
                 f.split_whitespace()
                     .filter(|f| {
-                        ["avx", "fma", "f16c", "amx", "asimd", "sve", "bf16", "i8mm", "dotprod"]
-                            .iter()
-                            .any(|k| f.contains(k))
+                        [
+                            "avx", "fma", "f16c", "amx", "asimd", "sve", "bf16", "i8mm", "dotprod",
+                        ]
+                        .iter()
+                        .any(|k| f.contains(k))
                     })
                     .map(str::to_string)
                     .collect()

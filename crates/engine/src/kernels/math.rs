@@ -200,48 +200,48 @@ mod tests {
     /// Relative accuracy of a few ulp wherever the result is above 1e-30 (tiny results may flush to 0).
     fn vector_math_matches_libm() {
         for k in Kernels::available() {
-        let xs: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.05).collect();
-        let mut e = xs.clone();
-        exp_inplace(k, &mut e);
-        for (x, y) in xs.iter().zip(&e) {
-            let r = (*x as f64).exp();
-            let err = if r < 1.2e-38 {
-                (*y as f64 - r).abs()
-            } else {
-                ((*y as f64 - r) / r).abs()
-            };
-            assert!(
-                err < 2.5e-7 || (r > 3.4e38 && y.is_infinite()),
-                "exp({x}) = {y}, want {r}"
-            );
-        }
-        let mut s = xs.clone();
-        silu_inplace(k, &mut s);
-        let mut g = xs.clone();
-        sigmoid_inplace(k, &mut g);
-        let mut sw = vec![0f32; xs.len()];
-        swiglu(k, &xs, &xs, &mut sw);
-        for i in 0..xs.len() {
-            let x = xs[i] as f64;
-            let sg = 1.0 / (1.0 + (-x).exp());
-            assert!(
-                (s[i] as f64 - x * sg).abs() <= (3e-7 * (x * sg).abs()).max(1e-30),
-                "silu({x})"
-            );
-            assert!(
-                (g[i] as f64 - sg).abs() <= (3e-7 * sg).max(1e-30),
-                "sigmoid({x})"
-            );
-            assert!(
-                (sw[i] as f64 - x * sg * x).abs() <= (5e-7 * (x * x * sg).abs()).max(1e-30),
-                "swiglu({x}) = {}, want {}",
-                sw[i],
-                x * sg * x
-            );
-        }
-        let mut nan = [f32::NAN, 1.0];
-        exp_inplace(k, &mut nan);
-        assert!(nan[0].is_nan());
+            let xs: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.05).collect();
+            let mut e = xs.clone();
+            exp_inplace(k, &mut e);
+            for (x, y) in xs.iter().zip(&e) {
+                let r = (*x as f64).exp();
+                let err = if r < 1.2e-38 {
+                    (*y as f64 - r).abs()
+                } else {
+                    ((*y as f64 - r) / r).abs()
+                };
+                assert!(
+                    err < 2.5e-7 || (r > 3.4e38 && y.is_infinite()),
+                    "exp({x}) = {y}, want {r}"
+                );
+            }
+            let mut s = xs.clone();
+            silu_inplace(k, &mut s);
+            let mut g = xs.clone();
+            sigmoid_inplace(k, &mut g);
+            let mut sw = vec![0f32; xs.len()];
+            swiglu(k, &xs, &xs, &mut sw);
+            for i in 0..xs.len() {
+                let x = xs[i] as f64;
+                let sg = 1.0 / (1.0 + (-x).exp());
+                assert!(
+                    (s[i] as f64 - x * sg).abs() <= (3e-7 * (x * sg).abs()).max(1e-30),
+                    "silu({x})"
+                );
+                assert!(
+                    (g[i] as f64 - sg).abs() <= (3e-7 * sg).max(1e-30),
+                    "sigmoid({x})"
+                );
+                assert!(
+                    (sw[i] as f64 - x * sg * x).abs() <= (5e-7 * (x * x * sg).abs()).max(1e-30),
+                    "swiglu({x}) = {}, want {}",
+                    sw[i],
+                    x * sg * x
+                );
+            }
+            let mut nan = [f32::NAN, 1.0];
+            exp_inplace(k, &mut nan);
+            assert!(nan[0].is_nan());
         }
     }
 
@@ -249,7 +249,9 @@ mod tests {
     fn softmax_reductions_match_plain_loops() {
         for k in Kernels::available() {
             for n in [1usize, 3, 8, 16, 17, 64, 100] {
-                let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.7).collect();
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.7)
+                    .collect();
                 let m = scaled_max(k, &x, 0.5);
                 let want = x.iter().fold(f32::NEG_INFINITY, |a, v| a.max(v * 0.5));
                 assert_eq!(m, want, "{k:?} {n}");

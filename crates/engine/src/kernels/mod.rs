@@ -105,12 +105,9 @@ impl std::fmt::Display for Isa {
 impl std::str::FromStr for Isa {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Isa::ALL
-            .into_iter()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| {
-                format!("unknown instruction set `{s}` (portable, avx2, avx512, avx512bf16, neon)")
-            })
+        Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
+            format!("unknown instruction set `{s}` (portable, avx2, avx512, avx512bf16, neon)")
+        })
     }
 }
 
@@ -130,9 +127,7 @@ impl Kernels {
             Ok(cap) if !cap.is_empty() => match cap.parse::<Isa>() {
                 Ok(want) if Self::supported(want) => want,
                 Ok(want) => {
-                    tracing::warn!(
-                        "KEV_ISA={want}: this CPU does not have it; using {best}"
-                    );
+                    tracing::warn!("KEV_ISA={want}: this CPU does not have it; using {best}");
                     best
                 }
                 Err(e) => {

@@ -84,10 +84,7 @@ pub(crate) trait Simd: Copy + 'static {
         unsafe {
             let under = Self::lt(x, Self::splat(-87.3));
             let over = Self::gt(x, Self::splat(88.722_83));
-            let xc = Self::max(
-                Self::min(x, Self::splat(88.722_83)),
-                Self::splat(-87.3),
-            );
+            let xc = Self::max(Self::min(x, Self::splat(88.722_83)), Self::splat(-87.3));
             let n = Self::round(Self::mul(xc, Self::splat(LOG2E)));
             let r = Self::fnma(n, Self::splat(LN2_HI), xc);
             let r = Self::fnma(n, Self::splat(LN2_LO), r);
@@ -295,7 +292,8 @@ mod tests {
         for kern in Kernels::available() {
             for n in [1, 5, 8, 15, 16, 17, 33] {
                 let (isa, out) = dispatch(kern, Probe(n));
-                let same = isa == kern.isa() || (isa == Isa::Avx512 && kern.isa() == Isa::Avx512Bf16);
+                let same =
+                    isa == kern.isa() || (isa == Isa::Avx512 && kern.isa() == Isa::Avx512Bf16);
                 assert!(same, "{:?} ran as {isa:?}", kern.isa());
                 assert!(out[n].is_nan(), "{isa:?}: wrote past the end");
                 for (i, got) in out.iter().enumerate().take(n) {
