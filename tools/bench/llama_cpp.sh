@@ -8,6 +8,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${KEV_BENCH_CACHE:-$(cd "$(dirname "$0")/../.." && pwd)/target/bench-cache}
-bash "$HERE/setup.sh" llama >/dev/null
+# setup.sh answers <llama dir>/build/bin (llama.cpp/ or, with KEV_BENCH_LLAMA_ISA=avx2, llama.cpp-avx2/).
+BIN=$(bash "$HERE/setup.sh" llama)
 PY=$(bash "$HERE/setup.sh" torch)
-exec "$PY" "$HERE/llama_cpp.py" --llama-dir "$CACHE/llama.cpp" --gguf-cache "$CACHE/gguf" "$@"
+exec "$PY" "$HERE/llama_cpp.py" --llama-dir "$(dirname "$(dirname "$BIN")")" --gguf-cache "$CACHE/gguf" "$@"
