@@ -18,8 +18,9 @@ pub struct ModelArgs {
     /// Weight form: `merged` (LoRA merged into BF16 weights) or `exact` (LoRA kept unmerged in fp32; needs --base/--kev).
     #[arg(long, env = "KEV_WEIGHTS", default_value = "merged", value_parser = ["merged", "exact"])]
     pub weights: String,
-    /// Compute arm: `fp32` or `bf16` (default: bf16 where the CPU has native BF16 dot products, else fp32).
-    #[arg(long, env = "KEV_PRECISION", value_parser = ["fp32", "bf16"])]
+    /// Compute arm: `fp32`, `bf16` or `int8` (W8A8 projections; default: bf16 where the CPU has native BF16
+    /// dot products, else fp32).
+    #[arg(long, env = "KEV_PRECISION", value_parser = ["fp32", "bf16", "int8"])]
     pub precision: Option<String>,
     /// Device: `cpu`, or `cuda[:N]` (checks the device and kernels; the CUDA backend is not enabled until it has
     /// passed its parity test on a GPU).

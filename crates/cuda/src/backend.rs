@@ -214,6 +214,11 @@ impl CudaBackend {
         adapter: Option<&Path>,
         arm: Arm,
     ) -> Result<Self, EngineError> {
+        if arm == Arm::Int8 {
+            return Err(EngineError::Device(
+                "the int8 arm runs on the CPU only (no CUDA int8 kernels yet)".into(),
+            ));
+        }
         let cfg = Qwen35Config::from_dir(dir)?;
         let store = TensorStore::open(dir)?;
         let adapter = adapter
@@ -829,10 +834,6 @@ impl Backend for CudaBackend {
     }
 
     fn describe(&self) -> String {
-        let arm = match self.arm {
-            Arm::Fp32 => "fp32",
-            Arm::Bf16 => "bf16",
-        };
-        format!("{} {arm}", self.dev.describe())
+        format!("{} {}", self.dev.describe(), self.arm.name())
     }
 }

@@ -319,6 +319,7 @@ impl Backbone {
     pub fn weight_bytes(&self) -> usize {
         let lin = |l: &Linear| {
             l.w.bytes()
+                + l.w.int8_bytes()
                 + l.loras
                     .iter()
                     .map(|s| 4 * (s.a_t.len() + s.b_t.len() + s.a.len() + s.b.len()))
@@ -339,6 +340,21 @@ impl Backbone {
             };
         }
         total
+    }
+
+    /// Build the int8 arm's weights of every projection now (they are otherwise built on first use):
+    /// per-output-channel int8 from the loaded BF16/F32 weights, kept beside them. Returns their bytes.
+    pub fn prepare_int8(&self) -> usize {
+        let mut lins: Vec<&Linear> = Vec::new();
+        for l in &self.layers {
+            lins.push(&l.gate_up);
+            lins.push(&l.down);
+            match &l.mixer {
+                Mixer::Gdn(g) => lins.extend([&g.in_proj, &g.out_proj]),
+                Mixer::Attn(a) => lins.extend([&a.qkv, &a.o_proj]),
+            }
+        }
+        lins.iter().map(|l| l.w.int8().bytes()).sum()
     }
 
     /// Whether a LoRA is applied unmerged (the `exact` form).

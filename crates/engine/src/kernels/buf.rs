@@ -17,6 +17,10 @@ unsafe impl Zeroable for u16 {}
 unsafe impl Zeroable for u32 {}
 // SAFETY: as above.
 unsafe impl Zeroable for f32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for i8 {}
+// SAFETY: as above.
+unsafe impl Zeroable for i32 {}
 
 const ALIGN: usize = 64;
 

@@ -74,6 +74,10 @@ pub fn gemm(
         }
         return;
     }
+    if arm == Arm::Int8 {
+        super::int8::gemm_int8(kern, m, a, lda, w.int8(), c, ldc);
+        return;
+    }
     let bf16_hw = arm == Arm::Bf16 && kern.avx512bf16() && w.is_bf16();
     if bf16_hw {
         SCRATCH_U32.with(|s| {

@@ -14,6 +14,7 @@
 
 pub mod buf;
 pub mod gemm;
+pub mod int8;
 pub mod math;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
@@ -23,8 +24,11 @@ pub mod peak;
 pub(crate) mod simd;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_int8;
 
 pub use gemm::gemm;
+pub use int8::PackedInt8;
 pub use pack::PackedMatrix;
 
 /// The compute arm of the projections (GEMMs over the BF16 weights).
@@ -35,14 +39,18 @@ pub enum Arm {
     /// Activations rounded to bf16 (nearest-even), BF16×BF16 products accumulated in f32
     /// (`vdpbf16ps` where the CPU has AVX512_BF16; elsewhere exact f32 products of the rounded values).
     Bf16,
+    /// W8A8: weights int8 per output channel, activations int8 per token, exact i32 dot products,
+    /// f32 dequantisation (`int8.rs`; the weights are quantised from the BF16/F32 ones on first use).
+    Int8,
 }
 
 impl Arm {
-    /// `fp32` or `bf16`.
+    /// `fp32`, `bf16` or `int8`.
     pub fn name(self) -> &'static str {
         match self {
             Arm::Fp32 => "fp32",
             Arm::Bf16 => "bf16",
+            Arm::Int8 => "int8",
         }
     }
 }
@@ -53,7 +61,8 @@ impl std::str::FromStr for Arm {
         match s {
             "fp32" => Ok(Arm::Fp32),
             "bf16" => Ok(Arm::Bf16),
-            other => Err(format!("unknown compute arm `{other}` (fp32, bf16)")),
+            "int8" => Ok(Arm::Int8),
+            other => Err(format!("unknown compute arm `{other}` (fp32, bf16, int8)")),
         }
     }
 }

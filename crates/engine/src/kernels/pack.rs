@@ -50,6 +50,8 @@ pub struct PackedMatrix {
     k: usize,
     kp: usize,
     store: Store,
+    /// The int8 arm's form of the same weights, quantised on first use.
+    int8: std::sync::OnceLock<super::int8::PackedInt8>,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -184,7 +186,13 @@ impl PackedMatrix {
                 });
             Store::F32(data)
         };
-        PackedMatrix { n, k, kp, store }
+        PackedMatrix {
+            n,
+            k,
+            kp,
+            store,
+            int8: std::sync::OnceLock::new(),
+        }
     }
 
     /// Pack a row-major `[n, k]` f32 matrix (BF16 storage when every value is a bf16).
@@ -229,6 +237,17 @@ impl PackedMatrix {
             Store::Bf16(d) => d.len() * 2,
             Store::F32(d) => d.len() * 4,
         }
+    }
+
+    /// The weights quantised for the int8 arm (built on the first call, then kept).
+    pub fn int8(&self) -> &super::int8::PackedInt8 {
+        self.int8
+            .get_or_init(|| super::int8::PackedInt8::from_packed(self))
+    }
+
+    /// Bytes of the int8 form, if it has been built.
+    pub fn int8_bytes(&self) -> usize {
+        self.int8.get().map_or(0, |q| q.bytes())
     }
 
     pub(crate) fn store(&self) -> &Store {

@@ -33,7 +33,7 @@ pub(super) struct BackboneArgs {
     #[arg(long, num_args = 1.., value_delimiter = ',', default_values_t = [94usize, 380, 1518])]
     lengths: Vec<usize>,
     /// Compute arms to time (default: both; `--precision` picks one).
-    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16", "int8"])]
     arms: Vec<String>,
     /// Timed runs per (arm, length); the median is reported.
     #[arg(long, default_value_t = 3)]
@@ -198,6 +198,15 @@ pub(super) fn run(a: BackboneArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|&n| peers::bench_ids(n, a.seed, vocab))
         .collect();
+    if arms.contains(&Arm::Int8) {
+        let t = Instant::now();
+        let bytes = model.prepare_int8();
+        eprintln!(
+            "int8 weights: {:.2} GiB, quantised in {:.1} s (kept beside the BF16 ones)",
+            bytes as f64 / GIB,
+            t.elapsed().as_secs_f64()
+        );
+    }
     let mut rows = Vec::new();
     for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
         let gflop = cfg.prefill_flops(n) / 1e9;
@@ -228,7 +237,10 @@ pub(super) fn run(a: BackboneArgs) -> anyhow::Result<ExitCode> {
             let cpu_med = median(&cpu).unwrap_or(0.0);
             let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
             let gflops = gflop / med;
-            let peak_share = share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops);
+            // No int8 peak is measured: a share of the f32 one would mislead.
+            let peak_share = (arm != Arm::Int8)
+                .then(|| share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops))
+                .flatten();
             eprintln!(
                 "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s)",
                 arm.name(),

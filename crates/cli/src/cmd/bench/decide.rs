@@ -47,7 +47,7 @@ pub(super) struct DecideArgs {
     #[arg(long, value_delimiter = ',')]
     cases: Vec<String>,
     /// Compute arms (default: both; `--precision` picks one).
-    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16", "int8"])]
     arms: Vec<String>,
     /// Timed runs per (case, arm, mode); the median is reported.
     #[arg(long, default_value_t = 3)]
