@@ -52,7 +52,9 @@ impl Served {
             .local_addr()
             .unwrap()
             .port();
+        // The demo is kev-mini; these tests' data come from the random fixture release.
         let child = kev()
+            .env("KEV_DEMO_DIR", fixtures().join("release"))
             .args(["serve", "--demo", "--port", &port.to_string()])
             .args(extra)
             .stdout(Stdio::null())

@@ -135,6 +135,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// The kind of question `i` (request order): the head's calibration may differ by kind.
+    pub(crate) fn question_kind(&self, i: usize) -> kev_contract::QuestionKind {
+        self.request.questions()[i].kind()
+    }
+
     /// Tokens the request runs (`usage.input_tokens`).
     pub fn tokens(&self) -> usize {
         self.compiled.input_tokens()

@@ -288,7 +288,13 @@ where
         for ((src, state), h) in srcs.iter().zip(states).zip(hidden) {
             match pieces[src.grant] {
                 Piece::Prefix { .. } => prefix_state[src.grant] = Some(state),
-                _ => rows_out[src.grant].push(self.head().probabilities(&h)),
+                Piece::Rows { from, .. } => {
+                    // Rows run in question order from `from`: the calibration is chosen per question kind.
+                    let g = src.grant;
+                    let kind = grants[g].task.job.question_kind(from + rows_out[g].len());
+                    rows_out[g].push(self.head().probabilities_for(&h, kind));
+                }
+                Piece::Skip => rows_out[src.grant].push(self.head().probabilities(&h)),
             }
         }
         for i in 0..grants.len() {

@@ -600,7 +600,8 @@ mod tests {
             peer("llama.cpp bf16", &[(94, 1.55)]),
         ];
         let c = compare(&rows, &peers);
-        assert_eq!(c.len(), 5);
+        // 5 as before + fp32 vs llama.cpp bf16 at 94 (issue 13's pair).
+        assert_eq!(c.len(), 6);
         let find = |arm: &str, p: &str, n: usize| {
             c.iter()
                 .find(|c| c.arm == arm && c.peer == p && c.tokens == n)
@@ -610,8 +611,8 @@ mod tests {
         assert_eq!(find("bf16", "torch bf16", 1518), Some(19.7 / 13.4));
         assert_eq!(find("bf16", "llama.cpp bf16", 1518), None);
         let b = bars(&rows, &c, &[94, 1518]);
-        // 5 ratios + peak share at the longest row + RSS.
-        assert_eq!(b.len(), 7);
+        // 6 ratios + bf16 and fp32 peak shares at the longest row + RSS.
+        assert_eq!(b.len(), 9);
         let fp32_94 = &b[0];
         assert!(fp32_94.met && fp32_94.threshold == 2.0);
         // bf16 at 1518: 19.7 / 13.4 = 1.47 ≥ 1.2.
