@@ -5,7 +5,8 @@
 //! nothing outside the tests constructs it.
 //!
 //! Shape of the first version, chosen for being easy to check rather than fast:
-//! - weights: BF16 on the device, uploaded once (the LoRA merged at load exactly as the CPU loader merges it);
+//! - weights: the engine's checkpoint tree ([`kev_engine::Weights`]) uploaded once as BF16 ([`crate::upload`]:
+//!   the LoRA merged with the engine's own merge, bit-exact with the CPU's merged form);
 //!   the fp32 arm also keeps an fp32 copy of every matrix, widened on the device, and runs `cublasSgemm`
 //!   (no TF32); the bf16 arm rounds activations to bf16 and runs `cublasGemmEx` (BF16 × BF16, fp32 compute);
 //! - rows run one after another (no cross-row GEMM batching yet), each token-serial through the GDN recurrence
@@ -89,17 +90,14 @@ impl CudaBackend {
         adapter: Option<&Path>,
         arm: Arm,
     ) -> Result<Self, EngineError> {
-        if arm == Arm::Int8 {
-            return Err(EngineError::Device(
-                "the int8 arm runs on the CPU only (no CUDA int8 kernels yet)".into(),
-            ));
-        }
+        Self::check_arm(arm)?;
         let ck = Checkpoint::open(dir)?;
         Self::from_weights(dev, &ck.weights(adapter)?, arm)
     }
 
     /// Upload the checkpoint tree onto `dev` (each LoRA merged into its weight).
     pub fn from_weights(dev: Device, w: &Weights<'_>, arm: Arm) -> Result<Self, EngineError> {
+        Self::check_arm(arm)?;
         let f = Funcs::look_up(&dev)?;
         let weights = DeviceWeights::upload(&dev, &f, w, arm)?;
         let blas = CudaBlas::new(dev.stream().clone()).map_err(dev_err)?;
@@ -111,6 +109,15 @@ impl CudaBackend {
             arm,
             w: weights,
         })
+    }
+
+    fn check_arm(arm: Arm) -> Result<(), EngineError> {
+        if arm == Arm::Int8 {
+            return Err(EngineError::Device(
+                "the int8 arm runs on the CPU only (no CUDA int8 kernels yet)".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, EngineError> {

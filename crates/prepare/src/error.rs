@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::hub::HubError;
+
 /// Errors of `kev prepare`.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {

@@ -24,11 +24,9 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kev_release::head::{Delimiters, HeadProvenance, KevHead};
 use kev_release::manifest::{
-    DigestKind, FileHashes, FileRecord, MANIFEST_FORMAT_VERSION, Manifest, MergeRecord, PinCheck,
-    PinnedFile, ReleasePins, RepoPin, SourceRecord,
+    FileHashes, FileRecord, MANIFEST_FORMAT_VERSION, Manifest, MergeRecord, ReleasePins,
 };
 use kev_release::{Adapter, AdapterConfig, Release, TensorStore};
-use rayon::prelude::*;
 
 pub use export::ExtrasPolicy;
 pub use error::{PinMismatch, PrepareError};
@@ -36,7 +34,7 @@ pub use hub::{HubClient, HubConfig, HubError};
 pub use source::Source;
 
 use error::io_err;
-use source::{Resolved, resolve, source_record, verify_files};
+use source::{Resolved, fetch_files, resolve, source_record, verify_files};
 
 /// Files of the Kev repository the engine needs. Never `vocab.json`, `merges.txt` or
 /// `added_tokens.json`: they are stale (Qwen3-era ids) in the Kev repository.
@@ -364,7 +362,7 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     })
 }
 
-fn warn(warnings: &mut Vec<String>, w: String) {
+pub(crate) fn warn(warnings: &mut Vec<String>, w: String) {
     if !warnings.contains(&w) {
         tracing::warn!("{w}");
         warnings.push(w);

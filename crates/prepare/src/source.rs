@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kev_release::manifest::{
-    DigestKind, FileHashes, FileRecord, PinCheck, PinnedFile, ReleasePins, RepoPin, SourceRecord,
+    DigestKind, FileHashes, FileRecord, PinCheck, PinnedFile, RepoPin, SourceRecord,
 };
 use rayon::prelude::*;
 
 use crate::error::{PinMismatch, PrepareError, io_err};
-use crate::hub::HubClient;
-use crate::{PrepareOptions, progress_bar};
+use crate::hub::{self, HubClient};
+use crate::{progress_bar, warn};
 
 /// Where a repository's files come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,7 +156,7 @@ pub(crate) fn resolve(
     }
 }
 
-fn fetch_files(client: &HubClient, r: &mut Resolved, names: &[&str]) -> Result<(), PrepareError> {
+pub(crate) fn fetch_files(client: &HubClient, r: &mut Resolved, names: &[&str]) -> Result<(), PrepareError> {
     for &name in names {
         if r.files.contains_key(name) {
             continue;

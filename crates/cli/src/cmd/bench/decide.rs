@@ -33,7 +33,7 @@ use super::{
     Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, Summary, peer_env, print_bars,
     reset_peak_rss, rss_gib, secs, speedup, times, write_json,
 };
-use crate::cmd::peers::{self, DecideRun, TorchDtype};
+use super::peers::{self, DecideRun, TorchDtype};
 use crate::loading::default_cache_bytes;
 use crate::model_args::ModelArgs;
 
