@@ -18,7 +18,9 @@ use std::path::Path;
 
 use cudarc::cublas::{CudaBlas, sys as cublas_sys};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use kev_engine::{Arm, Backend, BatchRow, Checkpoint, EngineError, LayerKind, Qwen35Config, Weights};
+use kev_engine::{
+    Arm, Backend, BatchRow, Checkpoint, EngineError, LayerKind, Qwen35Config, Weights,
+};
 
 use crate::Device;
 use crate::upload::{DeviceWeights, Funcs, Mat, Mixer};

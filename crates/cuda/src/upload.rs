@@ -141,9 +141,7 @@ impl DeviceWeights {
     pub fn upload(dev: &Device, f: &Funcs, w: &Weights<'_>, arm: Arm) -> Result<Self, EngineError> {
         let up = Uploader { dev, f, arm };
         let s = dev.stream();
-        let embed = s
-            .clone_htod(&w.embed_tokens.bf16_bits())
-            .map_err(dev_err)?;
+        let embed = s.clone_htod(&w.embed_tokens.bf16_bits()).map_err(dev_err)?;
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
             let mixer = match &l.mixer {

@@ -3,7 +3,7 @@
 //! Running decisions on a device is `tests/backend.rs`'s business (skipped without one).
 
 use kev_cuda::backend::CudaBackend;
-use kev_decide::{Decision, DecideError, Job, Kev, PointerHead, Settings};
+use kev_decide::{DecideError, Decision, Job, Kev, PointerHead, Settings};
 use kev_engine::Backend;
 use kev_tokenize::KevTokenizer;
 

@@ -94,7 +94,11 @@ impl<'a> Tensor<'a> {
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect(),
-            _ => self.to_f32().into_iter().map(|x| bf16_rne(x).to_bits()).collect(),
+            _ => self
+                .to_f32()
+                .into_iter()
+                .map(|x| bf16_rne(x).to_bits())
+                .collect(),
         }
     }
 }
@@ -284,7 +288,9 @@ impl<'a> Weights<'a> {
 
     /// Whether any projection carries a LoRA pair.
     pub fn has_lora(&self) -> bool {
-        self.layers.iter().any(|l| l.projections().iter().any(|p| p.lora.is_some()))
+        self.layers
+            .iter()
+            .any(|l| l.projections().iter().any(|p| p.lora.is_some()))
     }
 }
 

@@ -138,4 +138,3 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError
         source,
     }
 }
-

@@ -28,8 +28,8 @@ use kev_release::manifest::{
 };
 use kev_release::{Adapter, AdapterConfig, Release, TensorStore};
 
-pub use export::ExtrasPolicy;
 pub use error::{PinMismatch, PrepareError};
+pub use export::ExtrasPolicy;
 pub use hub::{HubClient, HubConfig, HubError};
 pub use source::Source;
 

@@ -156,7 +156,11 @@ pub(crate) fn resolve(
     }
 }
 
-pub(crate) fn fetch_files(client: &HubClient, r: &mut Resolved, names: &[&str]) -> Result<(), PrepareError> {
+pub(crate) fn fetch_files(
+    client: &HubClient,
+    r: &mut Resolved,
+    names: &[&str],
+) -> Result<(), PrepareError> {
     for &name in names {
         if r.files.contains_key(name) {
             continue;
@@ -357,4 +361,3 @@ pub(crate) fn source_record(r: &Resolved) -> SourceRecord {
         pinned: r.pin.is_some(),
     }
 }
-

@@ -13,11 +13,9 @@ use serde::{Deserialize, Serialize};
 mod digest;
 mod pins;
 
-pub use digest::{
-    DigestKind, DualHasher, FileHashes, HashingWriter, hub_digest_kind, sha256_hex,
-};
-pub use pins::{PinCheck, PinnedFile, ReleasePins, RepoPin};
+pub use digest::{DigestKind, DualHasher, FileHashes, HashingWriter, hub_digest_kind, sha256_hex};
 use pins::collect_files;
+pub use pins::{PinCheck, PinnedFile, ReleasePins, RepoPin};
 
 /// Errors from digests, pins and manifests.
 #[derive(Debug, thiserror::Error)]

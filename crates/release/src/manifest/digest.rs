@@ -217,4 +217,3 @@ pub fn hub_digest_kind(name: &str, size: u64) -> DigestKind {
         DigestKind::GitSha1
     }
 }
-

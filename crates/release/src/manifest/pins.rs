@@ -63,7 +63,11 @@ impl RepoPin {
     }
 }
 
-pub(super) fn collect_files(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<(), ManifestError> {
+pub(super) fn collect_files(
+    root: &Path,
+    dir: &Path,
+    out: &mut Vec<String>,
+) -> Result<(), ManifestError> {
     for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
         let path = entry.path();
@@ -363,4 +367,3 @@ impl PinnedFile {
         PinCheck::Ok
     }
 }
-

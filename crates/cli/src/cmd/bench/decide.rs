@@ -28,12 +28,12 @@ use kev_release::head::{HEAD_JSON, KevHead, PreparedHead};
 use kev_tokenize::{KevTokenizer, Limits};
 use serde::Serialize;
 
+use super::peers::{self, DecideRun, TorchDtype};
 use super::requests::{self, CaseRequest, Shape};
 use super::{
     Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, Summary, peer_env, print_bars,
     reset_peak_rss, rss_gib, secs, speedup, times, write_json,
 };
-use super::peers::{self, DecideRun, TorchDtype};
 use crate::loading::default_cache_bytes;
 use crate::model_args::ModelArgs;
 

@@ -31,7 +31,11 @@ fn median_of(results: &[RunResult], case: &str, arm: &str, mode: Mode) -> Option
 }
 
 /// The bars of issue 6 that this run measured.
-pub(super) fn bars(results: &[RunResult], cases: &[CaseInfo], comparisons: &[Comparison]) -> Vec<Bar> {
+pub(super) fn bars(
+    results: &[RunResult],
+    cases: &[CaseInfo],
+    comparisons: &[Comparison],
+) -> Vec<Bar> {
     let mut out = Vec::new();
     for arm in ["fp32", "bf16"] {
         let shared = median_of(results, FIVE, arm, Mode::Shared);

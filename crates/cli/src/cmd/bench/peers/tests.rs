@@ -121,8 +121,7 @@ fn torch_backbone_passes_the_rows_and_parses_the_answer() {
     assert_eq!(run.peak_rss_bytes, Some(1234));
     assert_eq!(run.median_for(380), Some(3.8));
     assert_eq!(run.median_for(1518), None);
-    let ids: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&seen).unwrap()).unwrap();
+    let ids: serde_json::Value = serde_json::from_slice(&std::fs::read(&seen).unwrap()).unwrap();
     let got: Vec<Vec<u32>> = serde_json::from_value(ids["rows"].clone()).unwrap();
     assert_eq!(got, rows);
     let args = std::fs::read_to_string(s.0.join("args")).unwrap();
@@ -163,8 +162,8 @@ fn a_failing_script_reports_its_last_lines() {
     s.file("tools/torch_backbone.py", "");
     let py = s.python("echo 'Traceback: out of memory' >&2\nexit 3");
     let env = s.env().with_python(&py);
-    let err = torch_backbone(&env, Path::new("m"), &[vec![1, 2]], TorchDtype::Float32, 1)
-        .unwrap_err();
+    let err =
+        torch_backbone(&env, Path::new("m"), &[vec![1, 2]], TorchDtype::Float32, 1).unwrap_err();
     assert_eq!(err.peer(), Peer::TorchBackbone);
     assert!(!err.is_unavailable());
     let msg = err.to_string();
@@ -183,8 +182,7 @@ fn a_peer_that_cannot_be_set_up_is_unavailable() {
         "echo '[bench setup] error: no python3 >= 3.10' >&2\nexit 1\n",
     );
     let env = s.env();
-    let err =
-        torch_backbone(&env, Path::new("m"), &[vec![1]], TorchDtype::Float32, 1).unwrap_err();
+    let err = torch_backbone(&env, Path::new("m"), &[vec![1]], TorchDtype::Float32, 1).unwrap_err();
     assert!(err.is_unavailable(), "{err}");
     let msg = err.to_string();
     assert!(
