@@ -7,6 +7,9 @@ use kev_decide::{DecideError, Decision, Job, Kev, PointerHead, Settings};
 use kev_engine::Backend;
 use kev_tokenize::KevTokenizer;
 
+/// Per job, its decision or its error.
+type Decisions = Vec<Result<Decision, DecideError>>;
+
 /// Assemble the service over a loaded CUDA backend, as `kev serve --device cuda` would.
 fn service(
     backend: CudaBackend,
@@ -18,7 +21,7 @@ fn service(
 }
 
 /// Run admitted jobs through it: the batch path the CLI and the server share.
-fn decide(kev: &Kev<CudaBackend>, jobs: &[&Job]) -> Vec<Result<Decision, DecideError>> {
+fn decide(kev: &Kev<CudaBackend>, jobs: &[&Job]) -> Decisions {
     kev.run(jobs)
 }
 
@@ -26,6 +29,6 @@ fn decide(kev: &Kev<CudaBackend>, jobs: &[&Job]) -> Vec<Result<Decision, DecideE
 #[test]
 fn kev_over_the_cuda_backend_builds() {
     let _build: fn(CudaBackend, PointerHead, KevTokenizer, Settings) -> Kev<CudaBackend> = service;
-    let _run: fn(&Kev<CudaBackend>, &[&Job]) -> Vec<Result<Decision, DecideError>> = decide;
+    let _run: fn(&Kev<CudaBackend>, &[&Job]) -> Decisions = decide;
     let _grain: fn(&CudaBackend) -> usize = <CudaBackend as Backend>::snapshot_grain;
 }

@@ -194,9 +194,9 @@ pub struct SelfAttn<'a> {
 #[derive(Debug)]
 pub enum Mixer<'a> {
     /// `linear_attn` (layer type `linear_attention`).
-    LinearAttn(LinearAttn<'a>),
+    LinearAttn(Box<LinearAttn<'a>>),
     /// `self_attn` (layer type `full_attention`).
-    SelfAttn(SelfAttn<'a>),
+    SelfAttn(Box<SelfAttn<'a>>),
 }
 
 /// The SwiGLU MLP (`mlp`).
@@ -392,7 +392,7 @@ impl<'a> Reader<'a> {
                 let mut proj = |rd: &mut Self, m: &str, n, k| {
                     rd.projection(adapter.as_deref_mut(), i, &format!("linear_attn.{m}"), n, k)
                 };
-                Mixer::LinearAttn(LinearAttn {
+                Mixer::LinearAttn(Box::new(LinearAttn {
                     in_proj_qkv: proj(self, "in_proj_qkv", cd, h)?,
                     in_proj_z: proj(self, "in_proj_z", vd, h)?,
                     in_proj_b: proj(self, "in_proj_b", nv, h)?,
@@ -404,7 +404,7 @@ impl<'a> Reader<'a> {
                     a_log: self.tensor(&p("linear_attn.A_log"), &[nv])?,
                     norm: self
                         .tensor(&p("linear_attn.norm.weight"), &[cfg.linear_value_head_dim])?,
-                })
+                }))
             }
             LayerKind::Full => {
                 let (nh, nkv, hd) = (
@@ -415,14 +415,14 @@ impl<'a> Reader<'a> {
                 let mut proj = |rd: &mut Self, m: &str, n, k| {
                     rd.projection(adapter.as_deref_mut(), i, &format!("self_attn.{m}"), n, k)
                 };
-                Mixer::SelfAttn(SelfAttn {
+                Mixer::SelfAttn(Box::new(SelfAttn {
                     q_proj: proj(self, "q_proj", 2 * nh * hd, h)?,
                     k_proj: proj(self, "k_proj", nkv * hd, h)?,
                     v_proj: proj(self, "v_proj", nkv * hd, h)?,
                     o_proj: proj(self, "o_proj", h, nh * hd)?,
                     q_norm: self.tensor(&p("self_attn.q_norm.weight"), &[hd])?,
                     k_norm: self.tensor(&p("self_attn.k_norm.weight"), &[hd])?,
-                })
+                }))
             }
         };
         let im = cfg.intermediate_size;
