@@ -126,15 +126,17 @@ class Model:
     ) -> None:
         fs = lambda p: None if p is None else os.fspath(p)  # noqa: E731
         self._engine = _kev.Engine(
-            fs(model_dir),
-            fs(base),
-            fs(kev),
-            weights,
-            precision,
-            cache_bytes,
-            pass_tokens,
-            threads,
-            truncate_state,
+            {
+                "model_dir": fs(model_dir),
+                "base": fs(base),
+                "kev": fs(kev),
+                "weights": weights,
+                "precision": precision,
+                "cache_bytes": cache_bytes,
+                "pass_tokens": pass_tokens,
+                "threads": threads,
+                "truncate_state": truncate_state,
+            }
         )
         self._info: Optional[dict] = None
 

@@ -1,21 +1,23 @@
 # The native module; use kev.Model instead.
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, TypedDict
 
 __version__: str
 
+class EngineOptions(TypedDict):
+    """Every key is required (``None`` where ``kev.Model`` got nothing)."""
+
+    model_dir: Optional[str]
+    base: Optional[str]
+    kev: Optional[str]
+    weights: str
+    precision: Optional[str]
+    cache_bytes: Optional[int]
+    pass_tokens: Optional[int]
+    threads: Optional[int]
+    truncate_state: bool
+
 class Engine:
-    def __init__(
-        self,
-        model_dir: Optional[str] = None,
-        base: Optional[str] = None,
-        kev: Optional[str] = None,
-        weights: str = "merged",
-        precision: Optional[str] = None,
-        cache_bytes: Optional[int] = None,
-        pass_tokens: Optional[int] = None,
-        threads: Optional[int] = None,
-        truncate_state: bool = False,
-    ) -> None: ...
+    def __init__(self, options: EngineOptions) -> None: ...
     @property
     def card(self) -> str: ...
     def decide(self, bodies: List[bytes]) -> List[Tuple[int, str]]: ...

@@ -5,7 +5,8 @@
 //! nothing outside the tests constructs it.
 //!
 //! Shape of the first version, chosen for being easy to check rather than fast:
-//! - weights: BF16 on the device, uploaded once (the LoRA merged at load exactly as the CPU loader merges it);
+//! - weights: the engine's checkpoint tree ([`kev_engine::Weights`]) uploaded once as BF16 ([`crate::upload`]:
+//!   the LoRA merged with the engine's own merge, bit-exact with the CPU's merged form);
 //!   the fp32 arm also keeps an fp32 copy of every matrix, widened on the device, and runs `cublasSgemm`
 //!   (no TF32); the bf16 arm rounds activations to bf16 and runs `cublasGemmEx` (BF16 × BF16, fp32 compute);
 //! - rows run one after another (no cross-row GEMM batching yet), each token-serial through the GDN recurrence
@@ -16,81 +17,16 @@
 use std::path::Path;
 
 use cudarc::cublas::{CudaBlas, sys as cublas_sys};
-use cudarc::driver::{
-    CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use kev_engine::{
+    Arm, Backend, BatchRow, Checkpoint, EngineError, LayerKind, Qwen35Config, Weights,
 };
-use kev_engine::{Arm, Backend, BatchRow, EngineError, LayerKind, Qwen35Config};
-use kev_release::adapter::Adapter;
-use kev_release::merge::merge_weight;
-use kev_release::shards::{Dtype, TensorStore, TensorView};
 
 use crate::Device;
+use crate::upload::{DeviceWeights, Funcs, Mat, Mixer};
 
-fn dev_err(e: impl std::fmt::Debug) -> EngineError {
+pub(crate) fn dev_err(e: impl std::fmt::Debug) -> EngineError {
     EngineError::Device(format!("{e:?}"))
-}
-
-/// A projection `y = x · Wᵀ`, `W` `[n, k]` row-major.
-struct Mat {
-    n: usize,
-    k: usize,
-    bf16: CudaSlice<u16>,
-    /// The fp32 arm's widened copy.
-    f32: Option<CudaSlice<f32>>,
-}
-
-// One per layer, never moved after load: the size difference between the variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum Mixer {
-    Gdn {
-        qkv: Mat,
-        z: Mat,
-        b: Mat,
-        a: Mat,
-        /// `[conv_dim, 4]`.
-        taps: CudaSlice<f32>,
-        a_log: CudaSlice<f32>,
-        dt_bias: CudaSlice<f32>,
-        norm: CudaSlice<f32>,
-        out: Mat,
-    },
-    Attn {
-        q: Mat,
-        k: Mat,
-        v: Mat,
-        q_norm: CudaSlice<f32>,
-        k_norm: CudaSlice<f32>,
-        o: Mat,
-    },
-}
-
-struct Layer {
-    in_norm: CudaSlice<f32>,
-    mixer: Mixer,
-    post_norm: CudaSlice<f32>,
-    gate: Mat,
-    up: Mat,
-    down: Mat,
-}
-
-/// The kernels, looked up once.
-struct Funcs {
-    embed: CudaFunction,
-    rms_norm: CudaFunction,
-    conv_silu: CudaFunction,
-    l2_norm_heads: CudaFunction,
-    gdn_gates: CudaFunction,
-    gdn_recurrent: CudaFunction,
-    gated_rms_norm: CudaFunction,
-    qk_norm_rope: CudaFunction,
-    kv_append: CudaFunction,
-    attention: CudaFunction,
-    sigmoid_gate: CudaFunction,
-    silu_mul: CudaFunction,
-    add_inplace: CudaFunction,
-    to_bf16: CudaFunction,
-    widen_bf16: CudaFunction,
-    gather_rows: CudaFunction,
 }
 
 /// A model on a CUDA device.
@@ -100,9 +36,7 @@ pub struct CudaBackend {
     f: Funcs,
     cfg: Qwen35Config,
     arm: Arm,
-    embed: CudaSlice<u16>,
-    layers: Vec<Layer>,
-    final_norm: CudaSlice<f32>,
+    w: DeviceWeights,
 }
 
 // SAFETY: every use of the device goes through `forward`, which holds `&self` only to enqueue work on the one
@@ -134,7 +68,7 @@ pub struct CudaState {
 unsafe impl Send for CudaState {}
 unsafe impl Sync for CudaState {}
 
-fn blocks(n: usize) -> LaunchConfig {
+pub(crate) fn blocks(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(256) as u32, 1, 1),
         block_dim: (256, 1, 1),
@@ -150,62 +84,6 @@ fn grid(g: usize, b: u32) -> LaunchConfig {
     }
 }
 
-/// Loads tensors by short name, merging the adapter where it has the tensor.
-struct Loader<'a> {
-    store: &'a TensorStore,
-    prefix: &'static str,
-    adapter: Option<&'a Adapter>,
-}
-
-impl Loader<'_> {
-    fn view(&self, short: &str, shape: &[usize]) -> Result<TensorView<'_>, EngineError> {
-        let name = format!("{}{short}", self.prefix);
-        let v = self.store.get(&name)?;
-        if v.shape != shape {
-            return Err(EngineError::Tensor {
-                name,
-                reason: format!("shape {:?}, expected {shape:?}", v.shape),
-            });
-        }
-        Ok(v)
-    }
-
-    /// A matrix as BF16 bits, merged with its LoRA when the adapter has one.
-    fn bf16(&self, short: &str, n: usize, k: usize) -> Result<Vec<u16>, EngineError> {
-        let v = self.view(short, &[n, k])?;
-        if let Some(a) = self.adapter
-            && let Some(l) = a.for_tensor(v.name)
-        {
-            let merged =
-                merge_weight(&v, l, a.scale()).map_err(|e| EngineError::Adapter(e.to_string()))?;
-            return Ok(merged.iter().map(|x| x.to_bits()).collect());
-        }
-        match v.dtype {
-            Dtype::BF16 => Ok(v
-                .data
-                .chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .collect()),
-            Dtype::F32 => Ok(v
-                .data
-                .chunks_exact(4)
-                .map(|b| {
-                    kev_release::merge::bf16_rne(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .to_bits()
-                })
-                .collect()),
-            other => Err(EngineError::Tensor {
-                name: v.name.to_string(),
-                reason: format!("dtype {}, expected BF16 or F32", other.name()),
-            }),
-        }
-    }
-
-    fn f32(&self, short: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
-        kev_engine::lora::to_f32(&self.view(short, shape)?)
-    }
-}
-
 impl CudaBackend {
     /// Load `dir` (config.json + safetensors) onto `dev`; with `adapter`, the LoRA is merged at load.
     pub fn load(
@@ -214,122 +92,34 @@ impl CudaBackend {
         adapter: Option<&Path>,
         arm: Arm,
     ) -> Result<Self, EngineError> {
+        Self::check_arm(arm)?;
+        let ck = Checkpoint::open(dir)?;
+        Self::from_weights(dev, &ck.weights(adapter)?, arm)
+    }
+
+    /// Upload the checkpoint tree onto `dev` (each LoRA merged into its weight).
+    pub fn from_weights(dev: Device, w: &Weights<'_>, arm: Arm) -> Result<Self, EngineError> {
+        Self::check_arm(arm)?;
+        let f = Funcs::look_up(&dev)?;
+        let weights = DeviceWeights::upload(&dev, &f, w, arm)?;
+        let blas = CudaBlas::new(dev.stream().clone()).map_err(dev_err)?;
+        Ok(CudaBackend {
+            dev,
+            blas,
+            f,
+            cfg: w.config.clone(),
+            arm,
+            w: weights,
+        })
+    }
+
+    fn check_arm(arm: Arm) -> Result<(), EngineError> {
         if arm == Arm::Int8 {
             return Err(EngineError::Device(
                 "the int8 arm runs on the CPU only (no CUDA int8 kernels yet)".into(),
             ));
         }
-        let cfg = Qwen35Config::from_dir(dir)?;
-        let store = TensorStore::open(dir)?;
-        let adapter = adapter
-            .map(|a| Adapter::load(a, &store).map_err(|e| EngineError::Adapter(e.to_string())))
-            .transpose()?;
-        let ld = Loader {
-            store: &store,
-            prefix: store.text_prefix()?,
-            adapter: adapter.as_ref(),
-        };
-        let s = dev.stream().clone();
-        let fun = |n: &str| dev.function(n).map_err(dev_err);
-        let f = Funcs {
-            embed: fun("embed_bf16")?,
-            rms_norm: fun("rms_norm")?,
-            conv_silu: fun("conv_silu")?,
-            l2_norm_heads: fun("l2_norm_heads")?,
-            gdn_gates: fun("gdn_gates")?,
-            gdn_recurrent: fun("gdn_recurrent")?,
-            gated_rms_norm: fun("gated_rms_norm")?,
-            qk_norm_rope: fun("qk_norm_rope")?,
-            kv_append: fun("kv_append")?,
-            attention: fun("attention")?,
-            sigmoid_gate: fun("sigmoid_gate")?,
-            silu_mul: fun("silu_mul")?,
-            add_inplace: fun("add_inplace")?,
-            to_bf16: fun("to_bf16")?,
-            widen_bf16: fun("widen_bf16")?,
-            gather_rows: fun("gather_rows")?,
-        };
-        let up_f32 = |v: Vec<f32>| s.clone_htod(&v).map_err(dev_err);
-        let mat = |short: &str, n: usize, k: usize| -> Result<Mat, EngineError> {
-            let bits = ld.bf16(short, n, k)?;
-            let bf16 = s.clone_htod(&bits).map_err(dev_err)?;
-            let f32 = if arm == Arm::Fp32 {
-                let mut w = s.alloc_zeros::<f32>(n * k).map_err(dev_err)?;
-                let len = (n * k) as i64;
-                let mut b = s.launch_builder(&f.widen_bf16);
-                b.arg(&bf16).arg(&mut w).arg(&len);
-                unsafe { b.launch(blocks(n * k)) }.map_err(dev_err)?;
-                Some(w)
-            } else {
-                None
-            };
-            Ok(Mat { n, k, bf16, f32 })
-        };
-        let h = cfg.hidden_size;
-        let embed_bits = ld.bf16("embed_tokens.weight", cfg.vocab_size, h)?;
-        let embed = s.clone_htod(&embed_bits).map_err(dev_err)?;
-        let mut layers = Vec::with_capacity(cfg.num_layers());
-        for (i, kind) in cfg.layer_types.iter().enumerate() {
-            let p = |x: &str| format!("layers.{i}.{x}");
-            let mixer = match kind {
-                LayerKind::Linear => {
-                    let (cd, vd, nv) =
-                        (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
-                    Mixer::Gdn {
-                        qkv: mat(&p("linear_attn.in_proj_qkv.weight"), cd, h)?,
-                        z: mat(&p("linear_attn.in_proj_z.weight"), vd, h)?,
-                        b: mat(&p("linear_attn.in_proj_b.weight"), nv, h)?,
-                        a: mat(&p("linear_attn.in_proj_a.weight"), nv, h)?,
-                        taps: up_f32(
-                            ld.f32(&p("linear_attn.conv1d.weight"), &[cd, 1, cfg.conv_kernel])?,
-                        )?,
-                        a_log: up_f32(ld.f32(&p("linear_attn.A_log"), &[nv])?)?,
-                        dt_bias: up_f32(ld.f32(&p("linear_attn.dt_bias"), &[nv])?)?,
-                        norm: up_f32(
-                            ld.f32(&p("linear_attn.norm.weight"), &[cfg.linear_value_head_dim])?,
-                        )?,
-                        out: mat(&p("linear_attn.out_proj.weight"), h, vd)?,
-                    }
-                }
-                LayerKind::Full => {
-                    let (nh, nkv, hd) = (
-                        cfg.num_attention_heads,
-                        cfg.num_key_value_heads,
-                        cfg.head_dim,
-                    );
-                    Mixer::Attn {
-                        q: mat(&p("self_attn.q_proj.weight"), 2 * nh * hd, h)?,
-                        k: mat(&p("self_attn.k_proj.weight"), nkv * hd, h)?,
-                        v: mat(&p("self_attn.v_proj.weight"), nkv * hd, h)?,
-                        q_norm: up_f32(ld.f32(&p("self_attn.q_norm.weight"), &[hd])?)?,
-                        k_norm: up_f32(ld.f32(&p("self_attn.k_norm.weight"), &[hd])?)?,
-                        o: mat(&p("self_attn.o_proj.weight"), h, nh * hd)?,
-                    }
-                }
-            };
-            let im = cfg.intermediate_size;
-            layers.push(Layer {
-                in_norm: up_f32(ld.f32(&p("input_layernorm.weight"), &[h])?)?,
-                mixer,
-                post_norm: up_f32(ld.f32(&p("post_attention_layernorm.weight"), &[h])?)?,
-                gate: mat(&p("mlp.gate_proj.weight"), im, h)?,
-                up: mat(&p("mlp.up_proj.weight"), im, h)?,
-                down: mat(&p("mlp.down_proj.weight"), h, im)?,
-            });
-        }
-        let final_norm = up_f32(ld.f32("norm.weight", &[h])?)?;
-        s.synchronize().map_err(dev_err)?;
-        let blas = CudaBlas::new(s.clone()).map_err(dev_err)?;
-        Ok(CudaBackend {
-            dev,
-            blas,
-            f,
-            cfg,
-            arm,
-            embed,
-            layers,
-            final_norm,
-        })
+        Ok(())
     }
 
     fn alloc(&self, n: usize) -> Result<CudaSlice<f32>, EngineError> {
@@ -467,13 +257,13 @@ impl CudaBackend {
         {
             let hd = h as i32;
             let mut b = s.launch_builder(&self.f.embed);
-            b.arg(&self.embed).arg(&ids_d).arg(&mut x).arg(&hd);
+            b.arg(&self.w.embed).arg(&ids_d).arg(&mut x).arg(&hd);
             unsafe { b.launch(grid(t, 256)) }.map_err(dev_err)?;
         }
         let mut hn = self.alloc(t * h)?;
         let mut delta = self.alloc(t * h)?;
         let eps = cfg.rms_norm_eps;
-        for (layer, ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+        for (layer, ls) in self.w.layers.iter().zip(st.layers.iter_mut()) {
             self.rms_norm(&x, &layer.in_norm, &mut hn, t, h, true)?;
             match (&layer.mixer, ls) {
                 (
@@ -753,7 +543,7 @@ impl CudaBackend {
         let mut normed = self.alloc(wanted.len() * h)?;
         self.rms_norm(
             &picked,
-            &self.final_norm,
+            &self.w.final_norm,
             &mut normed,
             wanted.len(),
             h,
@@ -800,6 +590,25 @@ impl Backend for CudaBackend {
         state.pos
     }
 
+    fn state_bytes(&self, state: &CudaState) -> usize {
+        let floats: usize = state
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Gdn { conv, rec } => conv.len() + rec.len(),
+                LayerState::Attn { k, v } => {
+                    k.as_ref().map_or(0, |k| k.len()) + v.as_ref().map_or(0, |v| v.len())
+                }
+            })
+            .sum();
+        4 * floats
+    }
+
+    /// The recurrence runs token by token, so a row splits anywhere bit-exactly.
+    fn snapshot_grain(&self) -> usize {
+        1
+    }
+
     fn forward(&self, rows: &mut [BatchRow<'_, CudaState>]) -> Result<Vec<Vec<f32>>, EngineError> {
         for r in rows.iter() {
             if let Some(t) = r
@@ -835,5 +644,9 @@ impl Backend for CudaBackend {
 
     fn describe(&self) -> String {
         format!("{} {}", self.dev.describe(), self.arm.name())
+    }
+
+    fn device(&self) -> String {
+        format!("cuda:{}", self.dev.ordinal())
     }
 }

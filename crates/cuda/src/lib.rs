@@ -10,6 +10,7 @@
 //! (no GPU yet, issue 9) and is enabled nowhere until `tests/backend.rs` has passed on one. See README.md.
 
 pub mod backend;
+mod upload;
 
 use std::fmt;
 use std::str::FromStr;
@@ -213,6 +214,11 @@ impl Device {
         self.module
             .load_function(name)
             .map_err(|_| CudaError::MissingKernel(name.to_string()))
+    }
+
+    /// The device's ordinal (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
     /// The stream kev's work is queued on.

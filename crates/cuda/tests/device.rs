@@ -171,20 +171,32 @@ fn conv_silu_carries_three_rows() {
     }
 }
 
-/// The gated delta rule token by token (§4.6), state [v_heads][dk][dv].
-#[allow(clippy::too_many_arguments)]
-fn gdn_ref(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    g: &[f32],
-    beta: &[f32],
-    state: &mut [f32],
+/// One call's inputs to the delta rule: per token, `q`, `k` `[key_heads][128]`, `v` `[value_heads][128]`,
+/// the log-decay `g` and write strength `beta` `[value_heads]`.
+struct DeltaInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
     t_len: usize,
     kh: usize,
     vh: usize,
-) -> Vec<f32> {
+}
+
+/// The gated delta rule token by token (§4.6), state [v_heads][dk][dv].
+fn gdn_ref(x: &DeltaInputs<'_>, state: &mut [f32]) -> Vec<f32> {
     const D: usize = 128;
+    let DeltaInputs {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        t_len,
+        kh,
+        vh,
+    } = *x;
     let mut out = vec![0f32; t_len * vh * D];
     for t in 0..t_len {
         for h in 0..vh {
@@ -239,7 +251,17 @@ fn gdn_recurrence_matches_and_carries_state() {
     let state0: Vec<f32> = randoms(vh * dd * dd, 11).iter().map(|x| 0.1 * x).collect();
 
     let mut want_state = state0.clone();
-    let want = gdn_ref(&q, &k, &v, &g, &beta, &mut want_state, t_len, kh, vh);
+    let inputs = DeltaInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        t_len,
+        kh,
+        vh,
+    };
+    let want = gdn_ref(&inputs, &mut want_state);
 
     let f = d.function("gdn_recurrent").unwrap();
     let (qd, kd, vd, gd, bd) = (

@@ -106,6 +106,8 @@ pub struct ModelInfo {
     pub arm: Arm,
     /// The backend's own description (ISA, arm).
     pub backend: String,
+    /// The device the backend runs on (`cpu`, `cuda:0`).
+    pub device: String,
     /// The base model the head names.
     pub base: String,
     /// Its revision.
@@ -132,7 +134,7 @@ impl ModelInfo {
             "x_base": self.base,
             "x_base_revision": self.base_revision,
             "x_lora": self.lora,
-            "x_device": "cpu",
+            "x_device": self.device,
             "x_backend": self.backend,
             "x_precision": self.arm.name(),
             "x_weights": self.form.name(),
@@ -221,6 +223,7 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
         form: spec.form,
         arm,
         backend: kev_engine::Backend::describe(&backend),
+        device: kev_engine::Backend::device(&backend),
         base: head.meta.base.clone(),
         base_revision: head.meta.base_revision.clone(),
         lora: head.meta.lora.clone(),

@@ -8,8 +8,9 @@
 //! 3. the pointer head turns the hidden states at the readout positions into probabilities, and the
 //!    contract shapes answers and usage.
 //!
-//! **Exact sharing.** The snapshot is taken where the state prefix ends on a multiple of the GDN chunk
-//! (64 tokens) and the remaining `len % 64` state tokens run again at the front of every branch. A branch
+//! **Exact sharing.** The snapshot is taken where the state prefix ends on a multiple of the backend's
+//! snapshot grain (the CPU's GDN chunk, 64 tokens) and the remaining `len % 64` state tokens run again at
+//! the front of every branch. A branch
 //! then meets exactly the arithmetic of the same row run from zero (the chunked delta rule splits at the
 //! same places, and the backend computes each row independently of its batch), so sharing and caching
 //! change no bit of any probability. It costs at most 63 extra tokens per question.
@@ -24,21 +25,6 @@ use serde_json::{Value, json};
 
 use crate::cache::{PrefixCache, Snapshot};
 use crate::head::PointerHead;
-
-/// The GDN chunk length: snapshots are taken at multiples of it.
-pub const CHUNK: usize = 64;
-
-/// Backend states whose size the cache can account for.
-pub trait StateBytes {
-    /// Bytes held by the state.
-    fn state_bytes(&self) -> usize;
-}
-
-impl StateBytes for kev_engine::State {
-    fn state_bytes(&self) -> usize {
-        self.bytes()
-    }
-}
 
 /// Per-request work caps: a request over one is refused with 413 before the engine sees it.
 ///
@@ -223,10 +209,7 @@ pub struct Kev<B: Backend> {
     passes: AtomicU64,
 }
 
-impl<B: Backend> Kev<B>
-where
-    B::State: StateBytes,
-{
+impl<B: Backend> Kev<B> {
     /// Assemble a service. `model_id` identifies the weights, form and arm in cache keys.
     pub fn new(
         backend: B,
@@ -403,7 +386,8 @@ where
         if self.settings.rows_from_zero {
             0
         } else if self.settings.chunk_aligned {
-            state_len / CHUNK * CHUNK
+            let grain = self.backend.snapshot_grain();
+            state_len / grain * grain
         } else {
             state_len
         }
@@ -461,7 +445,7 @@ where
                     Ok((state, _)) => {
                         let snap = Snapshot { state, aligned };
                         if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
-                            let bytes = snap.state.state_bytes();
+                            let bytes = self.backend.state_bytes(&snap.state);
                             self.cache.put(self.model_id, ids, snap.clone(), bytes);
                         }
                         for &j in &missing[ids] {
@@ -600,7 +584,7 @@ where
     /// Keep a prefix snapshot in the cache (if caching is on).
     pub(crate) fn remember(&self, ids: &[u32], snapshot: &Snapshot<B::State>) {
         if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
-            let bytes = snapshot.state.state_bytes();
+            let bytes = self.backend.state_bytes(&snapshot.state);
             self.cache.put(self.model_id, ids, snapshot.clone(), bytes);
         }
     }

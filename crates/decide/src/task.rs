@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use kev_engine::{Backend, BatchRow, EngineError};
 
 use crate::cache::Snapshot;
-use crate::service::{CHUNK, DecideError, Decision, Job, Kev, StateBytes};
+use crate::service::{DecideError, Decision, Job, Kev};
 
 /// What a task has left to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,10 +88,7 @@ enum Piece {
     Skip,
 }
 
-impl<B: Backend> Kev<B>
-where
-    B::State: StateBytes,
-{
+impl<B: Backend> Kev<B> {
     /// A task for an admitted job.
     pub fn task(&self, job: Job) -> Task<B::State> {
         let ids = job.compiled().state_ids();
@@ -126,7 +123,7 @@ where
                 }
                 Need {
                     phase,
-                    unit: phase.min(CHUNK),
+                    unit: phase.min(self.backend().snapshot_grain()),
                     remaining: phase + rows,
                 }
             }
@@ -163,7 +160,8 @@ where
                     let take = if g.tokens >= left {
                         left
                     } else {
-                        (g.tokens / CHUNK * CHUNK).max(CHUNK).min(left)
+                        let grain = self.backend().snapshot_grain();
+                        (g.tokens / grain * grain).max(grain).min(left)
                     };
                     Piece::Prefix {
                         from: *done,

@@ -1,6 +1,6 @@
 //! The backend boundary: a small trait over plain data (token ids, states, wanted indices → f32 hidden
-//! rows), so a CUDA backend can slot in beside the CPU one without the callers (decide, server) knowing
-//! which runs. States are the backend's own type: a GPU backend keeps its states in device memory.
+//! rows, state sizes, the snapshot grain), so the CUDA backend (`kev-cuda`) slots in beside the CPU one
+//! without the callers (decide, server) knowing which runs. States are the backend's own type: a GPU backend keeps its states in device memory.
 
 use std::sync::Arc;
 
@@ -24,6 +24,14 @@ pub trait Backend: Send + Sync {
     /// Tokens a state has consumed (the position of its next token).
     fn position(&self, state: &Self::State) -> usize;
 
+    /// Bytes a state holds, wherever it lives (the prepared-state cache's budget counts them).
+    fn state_bytes(&self, state: &Self::State) -> usize;
+
+    /// The snapshot grain: a row split at a multiple of it and continued from the snapshot gives, bit for
+    /// bit, the row run in one pass (the CPU's chunked delta rule splits at multiples of its chunk; a
+    /// token-serial recurrence splits anywhere, grain 1).
+    fn snapshot_grain(&self) -> usize;
+
     /// Advance every row's state by its tokens and return, per row, the final-norm hidden states at its
     /// wanted indices (`[wanted.len(), hidden]`, flattened, f32). On error no state changes.
     fn forward(&self, rows: &mut [BatchRow<'_, Self::State>])
@@ -31,6 +39,9 @@ pub trait Backend: Send + Sync {
 
     /// A short description for logs and `/v1/models` (`cpu avx512bf16 bf16`, …).
     fn describe(&self) -> String;
+
+    /// The device as `/v1/models` names it (`x_device`: `cpu`, `cuda:0`).
+    fn device(&self) -> String;
 }
 
 /// The CPU backend: a shared backbone and the compute arm to run it with.
@@ -41,6 +52,10 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
+    /// The snapshot grain of the CPU path: the GDN chunk length (a split elsewhere changes the chunking,
+    /// so the continued row differs from the one-pass row in the last bits).
+    pub const SNAPSHOT_GRAIN: usize = crate::gdn::CHUNK;
+
     /// Run `model` with `arm`.
     pub fn new(model: Arc<Backbone>, arm: Arm) -> Self {
         CpuBackend { model, arm }
@@ -72,11 +87,23 @@ impl Backend for CpuBackend {
         state.position()
     }
 
+    fn state_bytes(&self, state: &State) -> usize {
+        state.bytes()
+    }
+
+    fn snapshot_grain(&self) -> usize {
+        Self::SNAPSHOT_GRAIN
+    }
+
     fn forward(&self, rows: &mut [BatchRow<'_, State>]) -> Result<Vec<Vec<f32>>, EngineError> {
         self.model.forward_batch(self.arm, rows)
     }
 
     fn describe(&self) -> String {
         format!("cpu {} {}", self.model.kernels().isa(), self.arm.name())
+    }
+
+    fn device(&self) -> String {
+        "cpu".into()
     }
 }

@@ -84,13 +84,12 @@ fn permute_rows(lin: &mut Linear, perm: &[usize]) {
     }
     lin.w = PackedMatrix::from_f32(n, k, &w);
     for seg in &mut lin.loras {
-        let (r, b_old) = (seg.r, seg.b.clone());
+        let bt_old = seg.b_t.clone();
         for i in 0..seg.n {
             let src = perm[seg.col + i] - seg.col;
             assert!(src < seg.n, "permutation crosses modules");
-            seg.b[i * r..(i + 1) * r].copy_from_slice(&b_old[src * r..(src + 1) * r]);
-            for j in 0..r {
-                seg.b_t[j * seg.n + i] = seg.b[i * r + j];
+            for j in 0..seg.r {
+                seg.b_t[j * seg.n + i] = bt_old[j * seg.n + src];
             }
         }
     }

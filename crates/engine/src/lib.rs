@@ -1,14 +1,18 @@
 //! kev-engine: the Qwen3.5 hybrid text backbone (Gated DeltaNet + gated attention) on CPU, exact and fast.
 //!
-//! - [`Backbone::load`] reads a checkpoint (composite or plain `config.json`, sharded safetensors, any of
-//!   the three name prefixes, BF16 or F32 per tensor), optionally with a PEFT LoRA kept unmerged (the
-//!   `exact` weight form), and repacks every projection into the GEMM's panel layout.
+//! - [`weights::Weights`] reads a checkpoint once (composite or plain `config.json`, sharded safetensors,
+//!   any of the three name prefixes, BF16 or F32 per tensor, optionally a PEFT LoRA) into a tree named like
+//!   the checkpoint; every backend builds from it.
+//! - [`Backbone::load`] packs that tree into the GEMM's panel layout, the LoRA kept unmerged (the `exact`
+//!   weight form) or merged at load.
 //! - [`Backbone::forward`] / [`Backbone::forward_batch`] run rows from [`State`]s and return the fp32
 //!   final-norm hidden states at the wanted positions; a [`State`] clone is a cheap snapshot to branch from.
 //! - Two compute arms ([`Arm`]): `fp32` (exact f32 arithmetic on BF16 weights) and `bf16` (BF16 dot
 //!   products with f32 accumulation).
-//! - [`reference::Reference`] is the plain per-token implementation the fast path is tested against.
-//! - [`backend::Backend`] is the boundary a GPU backend would implement; [`backend::CpuBackend`] is this one.
+//! - [`reference::Reference`] is the plain per-token implementation the fast path is tested against; it
+//!   reads the same tree.
+//! - [`backend::Backend`] is the boundary every device implements (the CUDA one lives in `kev-cuda`);
+//!   [`backend::CpuBackend`] is this one.
 //! - [`synth`] writes random-weight releases (the real 4B shape for benchmarks, tiny ones for tests).
 #![deny(missing_docs)]
 
@@ -27,6 +31,7 @@ pub mod reference;
 mod scratch;
 mod state;
 pub mod synth;
+pub mod weights;
 
 pub use backend::{Backend, CpuBackend};
 pub use config::{LayerKind, Qwen35Config};
@@ -35,3 +40,4 @@ pub use forward::BatchRow;
 pub use kernels::{Arm, Kernels};
 pub use model::{Backbone, LoadOptions};
 pub use state::State;
+pub use weights::{Checkpoint, Weights};

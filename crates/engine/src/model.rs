@@ -1,27 +1,23 @@
 //! The loaded backbone: weights repacked into owned panel buffers, immutable, shareable behind an `Arc`.
 //!
-//! Loading reads `config.json`, opens the safetensors store (single file or index + shards, memory-mapped),
-//! resolves the name prefix once (`model.language_model.`, `model.` or none), checks every tensor's dtype
-//! (BF16 or F32) and shape, packs each projection (fusing the ones that read the same input: GDN
-//! `in_proj_{qkv,z,b,a}`, attention `{q,k,v}_proj`, MLP `{gate,up}_proj`), tells the kernel it may drop
-//! the mapped pages it has copied, and finally refuses any tensor it did not use unless it is on the ignore
-//! list (`mtp.*`, `model.visual.*`, `lm_head.weight`). Errors carry the full stored tensor name.
+//! Loading reads the checkpoint-named tree ([`crate::weights::Weights`], which checks every tensor and
+//! refuses unused ones), packs each projection from it (fusing the ones that read the same input: GDN
+//! `in_proj_{qkv,z,b,a}`, attention `{q,k,v}_proj`, MLP `{gate,up}_proj`) and tells the kernel it may drop
+//! the mapped pages it has copied.
 
-use std::collections::HashSet;
 use std::path::Path;
 
-use kev_release::adapter::LoraWeights;
-use kev_release::merge::merge_weight;
-use kev_release::shards::{Dtype, TensorStore, TensorView};
+use kev_release::shards::{Dtype, TensorStore};
 
-use crate::config::{LayerKind, Qwen35Config};
+use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::kernels::pack::{Part, Source};
 use rayon::prelude::*;
 
 use crate::kernels::{Arm, Kernels, PackedMatrix, SendPtr, gemm, matmul};
-use crate::lora::{LoraAdapter, LoraPair, to_f32};
+use crate::lora::{LoraAdapter, LoraPair};
 use crate::scratch::with_tls;
+use crate::weights::{self, Checkpoint, Projection, Tensor, Weights};
 
 /// A LoRA update attached to a column range of a (possibly fused) projection.
 #[derive(Debug)]
@@ -38,10 +34,6 @@ pub(crate) struct LoraSeg {
     pub a_t: Vec<f32>,
     /// `Bᵀ [r, n]`.
     pub b_t: Vec<f32>,
-    /// `A [r, k]` as stored (reference path).
-    pub a: Vec<f32>,
-    /// `B [n, r]` as stored (reference path).
-    pub b: Vec<f32>,
     /// Scale.
     pub scale: f32,
 }
@@ -230,13 +222,8 @@ pub struct Backbone {
 impl Backbone {
     /// Load `dir` (config.json + safetensors), optionally with an unmerged LoRA adapter.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
-        let cfg = Qwen35Config::from_dir(dir)?;
-        let store = TensorStore::open(dir)?;
-        let adapter = opts
-            .adapter
-            .as_deref()
-            .map(|dir| LoraAdapter::from_release(dir, &store))
-            .transpose()?;
+        let ck = Checkpoint::open(dir)?;
+        let weights = ck.weights(opts.adapter.as_deref())?;
         let kern = opts.kernels.unwrap_or_else(Kernels::detect);
         tracing::info!(
             isa = kern.isa().name(),
@@ -244,61 +231,40 @@ impl Backbone {
             kern.isa(),
             std::env::var("KEV_ISA").unwrap_or_else(|_| "unset".into())
         );
-        Self::from_store(cfg, &store, adapter, opts.merge_adapter, kern)
+        Self::from_weights(&weights, opts.merge_adapter, kern)
     }
 
     /// Build from an opened store; with `merge`, the adapter is merged into the weights at load.
     pub fn from_store(
         cfg: Qwen35Config,
         store: &TensorStore,
-        mut adapter: Option<LoraAdapter>,
+        adapter: Option<LoraAdapter>,
         merge: bool,
         kern: Kernels,
     ) -> Result<Self, EngineError> {
-        let prefix = store.text_prefix()?;
-        let mut ld = Loader {
-            store,
-            prefix,
-            used: HashSet::new(),
+        Self::from_weights(&Weights::read(&cfg, store, adapter)?, merge, kern)
+    }
+
+    /// Pack the checkpoint tree; with `merge`, each LoRA is merged into its weight (BF16, bit-exact with
+    /// the prepared export), else it is kept unmerged beside the packed weight.
+    pub fn from_weights(w: &Weights<'_>, merge: bool, kern: Kernels) -> Result<Self, EngineError> {
+        let cfg = w.config.clone();
+        let embed = match w.embed_tokens.dtype() {
+            Dtype::BF16 => Embedding::Bf16(w.embed_tokens.bf16_bits()),
+            _ => Embedding::F32(w.embed_tokens.to_f32()),
         };
-        let h = cfg.hidden_size;
-        let emb = ld.view("embed_tokens.weight", &[cfg.vocab_size, h])?;
-        let embed = match emb.dtype {
-            Dtype::BF16 => Embedding::Bf16(
-                emb.data
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                    .collect(),
-            ),
-            _ => Embedding::F32(to_f32(&emb)?),
-        };
-        ld.release("embed_tokens.weight");
-        let mut layers = Vec::with_capacity(cfg.num_layers());
-        for (i, kind) in cfg.layer_types.iter().enumerate() {
-            layers.push(load_layer(
-                &cfg,
-                &mut ld,
-                adapter.as_mut(),
-                merge,
-                i,
-                *kind,
-            )?);
-        }
-        let final_norm = ld.norm1p("norm.weight", h)?;
-        if let Some(a) = &adapter
-            && let Some(((layer, module), _)) = a.modules.iter().next()
-        {
-            return Err(EngineError::Adapter(format!(
-                "adapter has weights for layers.{layer}.{module}, which the model does not have"
-            )));
-        }
-        ld.check_unused()?;
+        w.release(&w.embed_tokens);
+        let layers = w
+            .layers
+            .iter()
+            .map(|l| pack_layer(w, l, merge))
+            .collect::<Result<Vec<_>, _>>()?;
         let inv_freq = rope_inv_freq(cfg.rope_theta, cfg.rotary_dim);
         Ok(Backbone {
+            final_norm: norm1p(&w.norm),
             cfg,
             embed,
             layers,
-            final_norm,
             kern,
             inv_freq,
             pool: std::sync::Mutex::new(Vec::new()),
@@ -322,7 +288,7 @@ impl Backbone {
                 + l.w.int8_bytes()
                 + l.loras
                     .iter()
-                    .map(|s| 4 * (s.a_t.len() + s.b_t.len() + s.a.len() + s.b.len()))
+                    .map(|s| 4 * (s.a_t.len() + s.b_t.len()))
                     .sum::<usize>()
         };
         let mut total = self.embed.bytes() + 4 * self.final_norm.len();
@@ -381,275 +347,109 @@ pub(crate) fn rope_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
         .collect()
 }
 
-fn load_layer(
-    cfg: &Qwen35Config,
-    ld: &mut Loader<'_>,
-    mut adapter: Option<&mut LoraAdapter>,
+/// `1 + w` in f32 for an `x·(1+w)` RMSNorm.
+pub(crate) fn norm1p(t: &Tensor<'_>) -> Vec<f32> {
+    t.to_f32().into_iter().map(|w| 1.0 + w).collect()
+}
+
+/// Pack one decoder layer of the tree.
+fn pack_layer(
+    w: &Weights<'_>,
+    l: &weights::DecoderLayer<'_>,
     merge: bool,
-    i: usize,
-    kind: LayerKind,
 ) -> Result<Layer, EngineError> {
-    let h = cfg.hidden_size;
-    let p = |s: &str| format!("layers.{i}.{s}");
-    let input_norm = ld.norm1p(&p("input_layernorm.weight"), h)?;
-    let post_norm = ld.norm1p(&p("post_attention_layernorm.weight"), h)?;
-    let mut lin =
-        |ld: &mut Loader<'_>, parts: &[(&str, usize)], k: usize| -> Result<Linear, EngineError> {
-            let names: Vec<(String, usize)> = parts
-                .iter()
-                .map(|(m, rows)| (p(&format!("{m}.weight")), *rows))
-                .collect();
-            let mut loras = Vec::new();
-            let mut merged: Vec<Option<Vec<u16>>> = vec![None; parts.len()];
-            let mut col = 0;
-            for (pi, (m, rows)) in parts.iter().enumerate() {
-                if let Some(a) = adapter.as_deref_mut()
-                    && let Some(pair) = a.take(i, m)
-                {
-                    if merge {
-                        merged[pi] = Some(ld.merged(&names[pi].0, pair, *rows, k)?);
-                    } else {
-                        loras.push(seg(pair, col, *rows, k, &p(m))?);
-                    }
-                }
-                col += rows;
-            }
-            let w = ld.matrix(&names, k, &merged)?;
-            Ok(Linear { w, loras })
-        };
-    let mixer = match kind {
-        LayerKind::Linear => {
-            let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
-            let in_proj = lin(
-                ld,
-                &[
-                    ("linear_attn.in_proj_qkv", cd),
-                    ("linear_attn.in_proj_z", vd),
-                    ("linear_attn.in_proj_b", nv),
-                    ("linear_attn.in_proj_a", nv),
-                ],
-                h,
-            )?;
-            let out_proj = lin(ld, &[("linear_attn.out_proj", h)], vd)?;
-            let conv = ld.vec_f32(&p("linear_attn.conv1d.weight"), &[cd, 1, cfg.conv_kernel])?;
-            let mut conv_t = vec![0f32; cfg.conv_kernel * cd];
+    let mixer = match &l.mixer {
+        weights::Mixer::LinearAttn(g) => {
+            let cd = w.config.conv_dim();
+            let taps = w.config.conv_kernel;
+            let conv = g.conv1d.to_f32();
+            let mut conv_t = vec![0f32; taps * cd];
             for c in 0..cd {
-                for j in 0..cfg.conv_kernel {
-                    conv_t[j * cd + c] = conv[c * cfg.conv_kernel + j];
+                for j in 0..taps {
+                    conv_t[j * cd + c] = conv[c * taps + j];
                 }
             }
-            let dt_bias = ld.vec_f32(&p("linear_attn.dt_bias"), &[nv])?;
-            let a_log = ld.vec_f32(&p("linear_attn.A_log"), &[nv])?;
-            let norm = ld.vec_f32(&p("linear_attn.norm.weight"), &[cfg.linear_value_head_dim])?;
             Mixer::Gdn(GdnWeights {
-                in_proj,
+                in_proj: pack(
+                    w,
+                    &[&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a],
+                    merge,
+                )?,
                 conv_t,
-                dt_bias,
-                neg_a: a_log.iter().map(|x| -x.exp()).collect(),
-                norm,
-                out_proj,
+                dt_bias: g.dt_bias.to_f32(),
+                neg_a: g.a_log.to_f32().iter().map(|x| -x.exp()).collect(),
+                norm: g.norm.to_f32(),
+                out_proj: pack(w, &[&g.out_proj], merge)?,
             })
         }
-        LayerKind::Full => {
-            let (nh, nkv, hd) = (
-                cfg.num_attention_heads,
-                cfg.num_key_value_heads,
-                cfg.head_dim,
-            );
-            let qkv = lin(
-                ld,
-                &[
-                    ("self_attn.q_proj", 2 * nh * hd),
-                    ("self_attn.k_proj", nkv * hd),
-                    ("self_attn.v_proj", nkv * hd),
-                ],
-                h,
-            )?;
-            let o_proj = lin(ld, &[("self_attn.o_proj", h)], nh * hd)?;
-            Mixer::Attn(AttnWeights {
-                qkv,
-                q_norm: ld.norm1p(&p("self_attn.q_norm.weight"), hd)?,
-                k_norm: ld.norm1p(&p("self_attn.k_norm.weight"), hd)?,
-                o_proj,
-            })
-        }
+        weights::Mixer::SelfAttn(a) => Mixer::Attn(AttnWeights {
+            qkv: pack(w, &[&a.q_proj, &a.k_proj, &a.v_proj], merge)?,
+            q_norm: norm1p(&a.q_norm),
+            k_norm: norm1p(&a.k_norm),
+            o_proj: pack(w, &[&a.o_proj], merge)?,
+        }),
     };
-    let im = cfg.intermediate_size;
-    let gate_up = lin(ld, &[("mlp.gate_proj", im), ("mlp.up_proj", im)], h)?;
-    let down = lin(ld, &[("mlp.down_proj", h)], im)?;
     Ok(Layer {
-        input_norm,
-        post_norm,
+        input_norm: norm1p(&l.input_layernorm),
+        post_norm: norm1p(&l.post_attention_layernorm),
         mixer,
-        gate_up,
-        down,
+        gate_up: pack(w, &[&l.mlp.gate_proj, &l.mlp.up_proj], merge)?,
+        down: pack(w, &[&l.mlp.down_proj], merge)?,
     })
 }
 
-fn seg(
-    pair: LoraPair,
-    col: usize,
-    n: usize,
-    k: usize,
-    module: &str,
-) -> Result<LoraSeg, EngineError> {
-    if pair.k != k || pair.n != n {
-        return Err(EngineError::Adapter(format!(
-            "{module}: LoRA maps {} → {} but the module maps {k} → {n}",
-            pair.k, pair.n
-        )));
+/// Pack the vertical concatenation of `parts` (projections reading the same input) into one panel matrix,
+/// each LoRA merged into its part or kept as a segment over the part's columns.
+fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linear, EngineError> {
+    let k = parts[0].cols();
+    let mut loras = Vec::new();
+    let mut merged: Vec<Option<Vec<u16>>> = Vec::with_capacity(parts.len());
+    let mut col = 0;
+    for p in parts {
+        if merge {
+            merged.push(p.merged_bf16()?);
+        } else {
+            merged.push(None);
+            if let Some(pair) = &p.lora {
+                loras.push(seg(pair, col, p.rows(), k));
+            }
+        }
+        col += p.rows();
     }
+    let srcs: Vec<Part<'_>> = parts
+        .iter()
+        .zip(&merged)
+        .map(|(p, mg)| Part {
+            rows: p.rows(),
+            src: match mg {
+                Some(bits) => Source::Bf16Bits(bits),
+                None if p.weight.dtype() == Dtype::BF16 => Source::Bf16(p.weight.view().data),
+                None => Source::F32(p.weight.view().data),
+            },
+        })
+        .collect();
+    let m = PackedMatrix::from_parts(k, &srcs);
+    for p in parts {
+        w.release(&p.weight);
+    }
+    Ok(Linear { w: m, loras })
+}
+
+/// A LoRA pair as a segment over output columns `[col, col + n)` (shapes checked by the tree).
+fn seg(pair: &LoraPair, col: usize, n: usize, k: usize) -> LoraSeg {
     let r = pair.r;
     let mut a_t = vec![0f32; k * r];
     crate::kernels::matmul::transpose(&pair.a, r, k, k, &mut a_t);
     let mut b_t = vec![0f32; r * n];
     crate::kernels::matmul::transpose(&pair.b, n, r, r, &mut b_t);
-    Ok(LoraSeg {
+    LoraSeg {
         col,
         n,
         r,
         k,
         a_t,
         b_t,
-        a: pair.a,
-        b: pair.b,
         scale: pair.scale,
-    })
-}
-
-/// Tensor access by unprefixed name, with dtype/shape checks and a record of what was used.
-struct Loader<'a> {
-    store: &'a TensorStore,
-    prefix: &'static str,
-    used: HashSet<String>,
-}
-
-impl<'a> Loader<'a> {
-    fn view(&mut self, name: &str, shape: &[usize]) -> Result<TensorView<'a>, EngineError> {
-        let full = format!("{}{name}", self.prefix);
-        let v = self
-            .store
-            .get(&full)
-            .map_err(|_| EngineError::tensor(&full, "missing"))?;
-        if !matches!(v.dtype, Dtype::BF16 | Dtype::F32) {
-            return Err(EngineError::tensor(
-                &full,
-                format!("dtype {} is not supported (BF16 or F32)", v.dtype.name()),
-            ));
-        }
-        if v.shape != shape {
-            return Err(EngineError::tensor(
-                &full,
-                format!("shape {:?}, expected {shape:?}", v.shape),
-            ));
-        }
-        let size = v.dtype.size().unwrap_or(0);
-        if v.data.len() != v.numel() * size {
-            return Err(EngineError::tensor(
-                &full,
-                format!(
-                    "holds {} bytes, its shape needs {}",
-                    v.data.len(),
-                    v.numel() * size
-                ),
-            ));
-        }
-        self.used.insert(full);
-        Ok(v)
-    }
-
-    fn release(&self, name: &str) {
-        self.store.release(&format!("{}{name}", self.prefix));
-    }
-
-    fn vec_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
-        let v = self.view(name, shape)?;
-        to_f32(&v)
-    }
-
-    /// `1 + w` in f32 for an `x·(1+w)` RMSNorm.
-    fn norm1p(&mut self, name: &str, width: usize) -> Result<Vec<f32>, EngineError> {
-        Ok(self
-            .vec_f32(name, &[width])?
-            .into_iter()
-            .map(|w| 1.0 + w)
-            .collect())
-    }
-
-    /// Pack the vertical concatenation of `parts`; a part with a `merged` replacement (BF16 bits) takes
-    /// it instead of the stored weight.
-    fn matrix(
-        &mut self,
-        parts: &[(String, usize)],
-        k: usize,
-        merged: &[Option<Vec<u16>>],
-    ) -> Result<PackedMatrix, EngineError> {
-        let mut views = Vec::with_capacity(parts.len());
-        for (name, rows) in parts {
-            views.push(self.view(name, &[*rows, k])?);
-        }
-        let parts_src: Vec<Part<'_>> = views
-            .iter()
-            .zip(parts)
-            .zip(merged)
-            .map(|((v, (_, rows)), mg)| Part {
-                rows: *rows,
-                src: match mg {
-                    Some(bits) => Source::Bf16Bits(bits),
-                    None if v.dtype == Dtype::BF16 => Source::Bf16(v.data),
-                    None => Source::F32(v.data),
-                },
-            })
-            .collect();
-        let m = PackedMatrix::from_parts(k, &parts_src);
-        for (name, _) in parts {
-            self.release(name);
-        }
-        Ok(m)
-    }
-
-    /// `bf16(fp32(W) + (B @ A) · s)` for one module, bit-exact with PEFT's merge and the author's
-    /// export (`kev_release::merge`).
-    fn merged(
-        &mut self,
-        name: &str,
-        pair: LoraPair,
-        rows: usize,
-        k: usize,
-    ) -> Result<Vec<u16>, EngineError> {
-        if pair.k != k || pair.n != rows {
-            return Err(EngineError::Adapter(format!(
-                "{name}: LoRA maps {} → {} but the module maps {k} → {rows}",
-                pair.k, pair.n
-            )));
-        }
-        let view = self.view(name, &[rows, k])?;
-        let lw = LoraWeights {
-            r: pair.r,
-            in_features: pair.k,
-            out_features: pair.n,
-            a: pair.a,
-            b: pair.b,
-        };
-        let merged = merge_weight(&view, &lw, pair.scale)
-            .map_err(|e| EngineError::Adapter(e.to_string()))?;
-        Ok(merged.into_iter().map(|x| x.to_bits()).collect())
-    }
-
-    fn check_unused(&self) -> Result<(), EngineError> {
-        for name in self.store.names() {
-            if self.used.contains(name) {
-                continue;
-            }
-            let ignored = name.starts_with("mtp.")
-                || name.starts_with("model.visual.")
-                || name.starts_with("visual.")
-                || name == "lm_head.weight";
-            if !ignored {
-                return Err(EngineError::UnexpectedTensor(name.to_string()));
-            }
-        }
-        Ok(())
     }
 }
 

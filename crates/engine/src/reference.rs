@@ -1,15 +1,19 @@
 //! The reference path: the backbone written as plainly as the spec reads (qwen35-arch §3–§7), one token
 //! and one head at a time, f32, no SIMD, no threads, no chunking. The Gated DeltaNet uses the per-token
 //! recurrence of §4.6, attention an explicit softmax per query. It exists to test the fast path (and to
-//! be read): it shares the loaded weights (unpacked back to row-major f32) and the [`State`] type, and
-//! nothing else.
+//! be read): it reads the checkpoint tree ([`Weights`]) directly, widened to row-major f32, and shares
+//! only the [`State`] type with the fast path.
 
+use std::path::Path;
 use std::sync::Arc;
+
+use kev_release::shards::Dtype;
 
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
-use crate::model::{Backbone, Linear, Mixer};
+use crate::model::{Embedding, LoadOptions, norm1p, rope_inv_freq};
 use crate::state::{GdnState, KvSeg, LayerState, State};
+use crate::weights::{Checkpoint, Mixer, Projection, Weights};
 
 /// One linear module: `W [n, k]` row-major plus an optional LoRA (`A [r, k]`, `B [n, r]`, scale).
 struct RefLinear {
@@ -20,27 +24,28 @@ struct RefLinear {
 }
 
 impl RefLinear {
-    /// Split a fused projection back into its modules (rows `[start, start + n)` each).
-    fn split(lin: &Linear, sizes: &[usize]) -> Vec<RefLinear> {
-        let all = lin.w.to_f32_rows();
-        let k = lin.w.k();
-        let mut out = Vec::new();
-        let mut start = 0;
-        for &n in sizes {
-            let lora = lin
-                .loras
-                .iter()
-                .find(|s| s.col == start)
-                .map(|s| (s.r, s.a.clone(), s.b.clone(), s.scale));
-            out.push(RefLinear {
-                n,
-                k,
-                w: all[start * k..(start + n) * k].to_vec(),
-                lora,
-            });
-            start += n;
-        }
-        out
+    /// The projection widened to f32: its LoRA merged in (BF16, as the fast path merges) with `merge`,
+    /// else kept beside it.
+    fn new(p: &Projection<'_>, merge: bool) -> Result<RefLinear, EngineError> {
+        let merged = if merge { p.merged_bf16()? } else { None };
+        let (w, lora) = match merged {
+            Some(bits) => (
+                bits.into_iter().map(crate::kernels::bf16_to_f32).collect(),
+                None,
+            ),
+            None => (
+                p.weight.to_f32(),
+                p.lora
+                    .as_ref()
+                    .map(|l| (l.r, l.a.clone(), l.b.clone(), l.scale)),
+            ),
+        };
+        Ok(RefLinear {
+            n: p.rows(),
+            k: p.cols(),
+            w,
+            lora,
+        })
     }
 
     /// `y = W·x + (B·(A·x))·s` for one token.
@@ -106,10 +111,14 @@ struct RefLayer {
     down: RefLinear,
 }
 
-/// The reference implementation of a loaded backbone.
-pub struct Reference<'a> {
-    model: &'a Backbone,
+/// The reference implementation of a checkpoint.
+pub struct Reference {
+    cfg: Qwen35Config,
+    embed: Embedding,
     layers: Vec<RefLayer>,
+    /// `1 + norm.weight`.
+    final_norm: Vec<f32>,
+    inv_freq: Vec<f32>,
 }
 
 /// `x / sqrt(mean(x²) + eps) · w1p` where `w1p` is `1 + w` (or `w` for the gated norm).
@@ -134,78 +143,64 @@ fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
-impl<'a> Reference<'a> {
-    /// Unpack the backbone's weights (cost: one f32 copy of every projection).
-    pub fn new(model: &'a Backbone) -> Self {
-        let c = &model.cfg;
-        let layers = model
+impl Reference {
+    /// Read `dir` as [`crate::Backbone::load`] reads it with `opts` (kernels aside).
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        let ck = Checkpoint::open(dir)?;
+        Self::new(&ck.weights(opts.adapter.as_deref())?, opts.merge_adapter)
+    }
+
+    /// Widen the tree's weights (cost: one f32 copy of every projection); with `merge`, each LoRA is
+    /// merged into its weight.
+    pub fn new(w: &Weights<'_>, merge: bool) -> Result<Self, EngineError> {
+        let c = w.config;
+        let lin = |p: &Projection<'_>| RefLinear::new(p, merge);
+        let layers = w
             .layers
             .iter()
-            .map(|l| {
+            .map(|l| -> Result<RefLayer, EngineError> {
                 let mixer = match &l.mixer {
-                    Mixer::Gdn(g) => {
-                        let mut v = RefLinear::split(
-                            &g.in_proj,
-                            &[
-                                c.conv_dim(),
-                                c.value_dim(),
-                                c.linear_num_value_heads,
-                                c.linear_num_value_heads,
-                            ],
-                        )
-                        .into_iter();
-                        let (qkv, z, b, a) =
-                            (next(&mut v), next(&mut v), next(&mut v), next(&mut v));
-                        let cd = c.conv_dim();
-                        let mut conv = vec![0f32; cd * 4];
-                        for ch in 0..cd {
-                            for j in 0..4 {
-                                conv[ch * 4 + j] = g.conv_t[j * cd + ch];
-                            }
-                        }
-                        RefMixer::Gdn {
-                            qkv,
-                            z,
-                            b,
-                            a,
-                            out: next(
-                                &mut RefLinear::split(&g.out_proj, &[c.hidden_size]).into_iter(),
-                            ),
-                            conv,
-                            dt_bias: g.dt_bias.clone(),
-                            neg_a: g.neg_a.clone(),
-                            norm: g.norm.clone(),
-                        }
-                    }
-                    Mixer::Attn(a) => {
-                        let (nh, nkv, hd) =
-                            (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-                        let mut v = RefLinear::split(&a.qkv, &[2 * nh * hd, nkv * hd, nkv * hd])
-                            .into_iter();
-                        RefMixer::Attn {
-                            q: next(&mut v),
-                            k: next(&mut v),
-                            v: next(&mut v),
-                            o: next(&mut RefLinear::split(&a.o_proj, &[c.hidden_size]).into_iter()),
-                            q_norm: a.q_norm.clone(),
-                            k_norm: a.k_norm.clone(),
-                        }
-                    }
+                    Mixer::LinearAttn(g) => RefMixer::Gdn {
+                        qkv: lin(&g.in_proj_qkv)?,
+                        z: lin(&g.in_proj_z)?,
+                        b: lin(&g.in_proj_b)?,
+                        a: lin(&g.in_proj_a)?,
+                        out: lin(&g.out_proj)?,
+                        conv: g.conv1d.to_f32(),
+                        dt_bias: g.dt_bias.to_f32(),
+                        neg_a: g.a_log.to_f32().iter().map(|x| -x.exp()).collect(),
+                        norm: g.norm.to_f32(),
+                    },
+                    Mixer::SelfAttn(a) => RefMixer::Attn {
+                        q: lin(&a.q_proj)?,
+                        k: lin(&a.k_proj)?,
+                        v: lin(&a.v_proj)?,
+                        o: lin(&a.o_proj)?,
+                        q_norm: norm1p(&a.q_norm),
+                        k_norm: norm1p(&a.k_norm),
+                    },
                 };
-                let mut gu =
-                    RefLinear::split(&l.gate_up, &[c.intermediate_size, c.intermediate_size])
-                        .into_iter();
-                RefLayer {
-                    input_norm: l.input_norm.clone(),
-                    post_norm: l.post_norm.clone(),
+                Ok(RefLayer {
+                    input_norm: norm1p(&l.input_layernorm),
+                    post_norm: norm1p(&l.post_attention_layernorm),
                     mixer,
-                    gate: next(&mut gu),
-                    up: next(&mut gu),
-                    down: next(&mut RefLinear::split(&l.down, &[c.hidden_size]).into_iter()),
-                }
+                    gate: lin(&l.mlp.gate_proj)?,
+                    up: lin(&l.mlp.up_proj)?,
+                    down: lin(&l.mlp.down_proj)?,
+                })
             })
-            .collect();
-        Reference { model, layers }
+            .collect::<Result<Vec<_>, _>>()?;
+        let embed = match w.embed_tokens.dtype() {
+            Dtype::BF16 => Embedding::Bf16(w.embed_tokens.bf16_bits()),
+            _ => Embedding::F32(w.embed_tokens.to_f32()),
+        };
+        Ok(Reference {
+            cfg: c.clone(),
+            embed,
+            layers,
+            final_norm: norm1p(&w.norm),
+            inv_freq: rope_inv_freq(c.rope_theta, c.rotary_dim),
+        })
     }
 
     /// Run `tokens` from `state` (advancing it) and return the final-norm hidden states at the `wanted`
@@ -216,7 +211,7 @@ impl<'a> Reference<'a> {
         tokens: &[u32],
         wanted: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
-        let cfg = &self.model.cfg;
+        let cfg = &self.cfg;
         crate::forward::check_row(cfg, state, tokens, wanted)?;
         let h = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
@@ -224,7 +219,7 @@ impl<'a> Reference<'a> {
             .iter()
             .map(|&t| {
                 let mut row = vec![0f32; h];
-                self.model.embed.row(t as usize, h, &mut row);
+                self.embed.row(t as usize, h, &mut row);
                 row
             })
             .collect();
@@ -236,7 +231,7 @@ impl<'a> Reference<'a> {
             let mixed = match (&layer.mixer, &mut state.layers[li]) {
                 (RefMixer::Gdn { .. }, LayerState::Gdn(st)) => gdn(cfg, &layer.mixer, &hn, st),
                 (RefMixer::Attn { .. }, LayerState::Attn(kv)) => {
-                    attention(cfg, &self.model.inv_freq, &layer.mixer, &hn, kv, state.pos)
+                    attention(cfg, &self.inv_freq, &layer.mixer, &hn, kv, state.pos)
                 }
                 _ => unreachable!("state layout checked by check_row"),
             };
@@ -259,14 +254,10 @@ impl<'a> Reference<'a> {
         state.pos += tokens.len();
         let mut out = Vec::with_capacity(wanted.len() * h);
         for &w in wanted {
-            out.extend(rms_norm(&x[w], &self.model.final_norm, eps));
+            out.extend(rms_norm(&x[w], &self.final_norm, eps));
         }
         Ok(out)
     }
-}
-
-fn next(it: &mut impl Iterator<Item = RefLinear>) -> RefLinear {
-    it.next().expect("split yields one linear per size")
 }
 
 /// Gated DeltaNet over the tokens of one call (§4), per-token recurrence; replaces the layer's state.

@@ -20,14 +20,15 @@
 //! sane range through a random deep network (no overflow, no subnormals), which is all a benchmark or a
 //! fast-versus-reference test needs.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use serde_json::{Map, Value, json};
 
 use kev_release::head::{Delimiters, HeadMeta, HeadProvenance, KevHead, Linear};
+use kev_release::stream::{PlannedTensor, SafetensorsWriter, StreamError};
 
 use crate::config::{LayerKind, Qwen35Config};
 use crate::error::EngineError;
@@ -271,65 +272,66 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> EngineError + '_ {
     }
 }
 
-/// Write one safetensors file holding `specs`, generating values chunk by chunk.
+/// Write one safetensors file holding `specs` through [`kev_release::stream`] (the export's writer: the
+/// `safetensors` library's layout), generating values chunk by chunk. Returns the data bytes.
 fn write_safetensors(path: &Path, specs: &[Spec], seed: u64) -> Result<usize, EngineError> {
-    let mut header = Map::new();
-    header.insert("__metadata__".into(), json!({"format": "pt"}));
-    let mut off = 0usize;
-    for s in specs {
-        header.insert(
-            s.name.clone(),
-            json!({
-                "dtype": if s.dtype == DType::Bf16 { "BF16" } else { "F32" },
-                "shape": s.shape,
-                "data_offsets": [off, off + s.bytes()],
-            }),
-        );
-        off += s.bytes();
+    let stream_err = |e: StreamError| EngineError::Parse {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let planned = specs
+        .iter()
+        .map(|s| PlannedTensor {
+            name: s.name.clone(),
+            dtype: match s.dtype {
+                DType::Bf16 => safetensors::Dtype::BF16,
+                DType::F32 => safetensors::Dtype::F32,
+            },
+            shape: s.shape.clone(),
+        })
+        .collect();
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let mut w = SafetensorsWriter::create(path, planned, Some(metadata)).map_err(stream_err)?;
+    let by_name: HashMap<&str, &Spec> = specs.iter().map(|s| (s.name.as_str(), s)).collect();
+    let order: Vec<String> = w.order().map(str::to_string).collect();
+    for name in &order {
+        let s = by_name[name.as_str()];
+        w.write_with(name, |out| write_values(out, s, seed))
+            .map_err(stream_err)?;
     }
-    let mut hbytes =
-        serde_json::to_vec(&Value::Object(header)).map_err(|e| EngineError::Parse {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-    while hbytes.len() % 8 != 0 {
-        hbytes.push(b' ');
-    }
-    let file = File::create(path).map_err(io_err(path))?;
-    let mut w = BufWriter::with_capacity(1 << 22, file);
-    w.write_all(&(hbytes.len() as u64).to_le_bytes())
-        .map_err(io_err(path))?;
-    w.write_all(&hbytes).map_err(io_err(path))?;
+    w.finish().map_err(stream_err)?;
+    Ok(specs.iter().map(Spec::bytes).sum())
+}
+
+/// Generate one tensor's values in chunks of 4 Mi elements (in parallel within a chunk) and write them.
+fn write_values(out: &mut dyn Write, s: &Spec, seed: u64) -> Result<(), String> {
     const CHUNK: usize = 1 << 22;
+    let key = name_key(seed, &s.name);
+    let n = s.numel();
+    let size = if s.dtype == DType::Bf16 { 2 } else { 4 };
     let mut buf: Vec<u8> = Vec::new();
-    for s in specs {
-        let key = name_key(seed, &s.name);
-        let n = s.numel();
-        let size = if s.dtype == DType::Bf16 { 2 } else { 4 };
-        let mut start = 0;
-        while start < n {
-            let len = (n - start).min(CHUNK);
-            buf.clear();
-            buf.resize(len * size, 0);
-            buf.par_chunks_mut(size * 4096)
-                .enumerate()
-                .for_each(|(c, out)| {
-                    for (j, dst) in out.chunks_exact_mut(size).enumerate() {
-                        let i = (start + c * 4096 + j) as u64;
-                        let x = value(s.init, key, i);
-                        if size == 2 {
-                            dst.copy_from_slice(&crate::kernels::bf16_bits(x).to_le_bytes());
-                        } else {
-                            dst.copy_from_slice(&x.to_le_bytes());
-                        }
+    let mut start = 0;
+    while start < n {
+        let len = (n - start).min(CHUNK);
+        buf.clear();
+        buf.resize(len * size, 0);
+        buf.par_chunks_mut(size * 4096)
+            .enumerate()
+            .for_each(|(c, out)| {
+                for (j, dst) in out.chunks_exact_mut(size).enumerate() {
+                    let i = (start + c * 4096 + j) as u64;
+                    let x = value(s.init, key, i);
+                    if size == 2 {
+                        dst.copy_from_slice(&crate::kernels::bf16_bits(x).to_le_bytes());
+                    } else {
+                        dst.copy_from_slice(&x.to_le_bytes());
                     }
-                });
-            w.write_all(&buf).map_err(io_err(path))?;
-            start += len;
-        }
+                }
+            });
+        out.write_all(&buf).map_err(|e| e.to_string())?;
+        start += len;
     }
-    w.flush().map_err(io_err(path))?;
-    Ok(off)
+    Ok(())
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<(), EngineError> {

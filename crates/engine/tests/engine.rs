@@ -73,17 +73,14 @@ fn fast_matches_reference() {
     let wanted: Vec<usize> = (0..toks.len()).collect();
     for adapter in [None, Some(dir.path().join("kev"))] {
         for kern in kernel_sets() {
-            let m = Backbone::load(
-                &base,
-                &LoadOptions {
-                    adapter: adapter.clone(),
-                    kernels: Some(kern),
-                    merge_adapter: false,
-                },
-            )
-            .unwrap();
+            let opts = LoadOptions {
+                adapter: adapter.clone(),
+                kernels: Some(kern),
+                merge_adapter: false,
+            };
+            let m = Backbone::load(&base, &opts).unwrap();
             assert_eq!(m.has_lora(), adapter.is_some());
-            let r = Reference::new(&m);
+            let r = Reference::load(&base, &opts).unwrap();
             let mut s0 = m.new_state();
             let want = r.forward(&mut s0, &toks, &wanted).unwrap();
             let mut s1 = m.new_state();
@@ -106,6 +103,18 @@ fn fast_matches_reference() {
             assert!(e < 0.5, "bf16 {e}");
         }
     }
+}
+
+/// The reference reading what [`load`] loads.
+fn reference(dir: &Path, adapter: bool) -> Reference {
+    Reference::load(
+        &dir.join("base"),
+        &LoadOptions {
+            adapter: adapter.then(|| dir.join("kev")),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap()
 }
 
 fn load(dir: &Path, adapter: bool) -> Backbone {
@@ -133,7 +142,9 @@ fn f32_stored_weights_run_exactly() {
     let toks = tokens(70, c.vocab_size, 5);
     let wanted = [0, 33, 69];
     let mut s0 = m.new_state();
-    let want = Reference::new(&m).forward(&mut s0, &toks, &wanted).unwrap();
+    let want = reference(dir.path(), true)
+        .forward(&mut s0, &toks, &wanted)
+        .unwrap();
     for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
         let mut s1 = m.new_state();
         let got = m.forward(arm, &mut s1, &toks, &wanted).unwrap();
@@ -163,7 +174,7 @@ fn prefix_then_continuation_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
     let h = c.hidden_size;
     let toks = tokens(200, c.vocab_size, 9);
     let all: Vec<usize> = (0..toks.len()).collect();
-    let r = Reference::new(&m);
+    let r = reference(dir, true);
     let mut worst_unaligned = 0f32;
     for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
         let mut s = m.new_state();

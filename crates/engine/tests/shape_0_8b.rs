@@ -129,7 +129,15 @@ fn the_0_8b_shape_loads_and_runs_like_the_reference() {
     let toks = tokens(40, c.vocab_size, 1);
     let wanted: Vec<usize> = vec![0, 1, 17, 39];
     let mut s0 = m.new_state();
-    let want = Reference::new(&m).forward(&mut s0, &toks, &wanted).unwrap();
+    let reference = Reference::load(
+        &base,
+        &LoadOptions {
+            adapter: Some(dir.path().join("kev")),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let want = reference.forward(&mut s0, &toks, &wanted).unwrap();
     let mut s1 = m.new_state();
     let got = m.forward(Arm::Fp32, &mut s1, &toks, &wanted).unwrap();
     let e = rel_err(&got, &want, c.hidden_size);

@@ -13,8 +13,10 @@
 //!    directory). The directory is assembled under `<out>.kev-partial` and renamed into place.
 #![deny(missing_docs)]
 
+mod error;
 pub mod export;
 pub mod hub;
+mod source;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,14 +24,17 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kev_release::head::{Delimiters, HeadProvenance, KevHead};
 use kev_release::manifest::{
-    DigestKind, FileHashes, FileRecord, MANIFEST_FORMAT_VERSION, Manifest, MergeRecord, PinCheck,
-    PinnedFile, ReleasePins, RepoPin, SourceRecord,
+    FileHashes, FileRecord, MANIFEST_FORMAT_VERSION, Manifest, MergeRecord, ReleasePins,
 };
 use kev_release::{Adapter, AdapterConfig, Release, TensorStore};
-use rayon::prelude::*;
 
+pub use error::{PinMismatch, PrepareError};
 pub use export::ExtrasPolicy;
 pub use hub::{HubClient, HubConfig, HubError};
+pub use source::Source;
+
+use error::io_err;
+use source::{Resolved, fetch_files, resolve, source_record, verify_files};
 
 /// Files of the Kev repository the engine needs. Never `vocab.json`, `merges.txt` or
 /// `added_tokens.json`: they are stale (Qwen3-era ids) in the Kev repository.
@@ -39,181 +44,6 @@ pub const KEV_FILES: [&str; 4] = [
     "head.pt",
     "tokenizer.json",
 ];
-
-/// Errors of `kev prepare`.
-#[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
-    /// A source argument is malformed.
-    #[error("{0}")]
-    Usage(String),
-    /// Downloading failed.
-    #[error(transparent)]
-    Hub(#[from] HubError),
-    /// A file does not match its pin.
-    #[error(
-        "{} ({}@{}) does not match {}:\n  {}\n  file: {}\n  {}",
-        .0.file, .0.repo, .0.revision, .0.against, .0.what, .0.path.display(), .0.hint
-    )]
-    PinMismatch(Box<PinMismatch>),
-    /// A needed file is not among the pins of a pinned source.
-    #[error(
-        "{file} is not pinned for {repo}@{revision}; a pinned release must pin every file the engine uses"
-    )]
-    NotPinned {
-        /// Repository.
-        repo: String,
-        /// Revision.
-        revision: String,
-        /// File.
-        file: String,
-    },
-    /// A needed file is missing from a local source.
-    #[error("{path}: missing ({role} release file)")]
-    MissingFile {
-        /// Which source.
-        role: &'static str,
-        /// Expected path.
-        path: PathBuf,
-    },
-    /// `head.pt` names another base (or revision) than the one being merged.
-    #[error(
-        "head.pt was trained on {found_base}@{found_revision}, but the base given is {expected_base}@{expected_revision}; use the base the head names"
-    )]
-    HeadBase {
-        /// Base named by head.pt.
-        found_base: String,
-        /// Revision named by head.pt.
-        found_revision: String,
-        /// Base being merged.
-        expected_base: String,
-        /// Its revision.
-        expected_revision: String,
-    },
-    /// `head.pt` and the adapter disagree.
-    #[error(
-        "head.pt says LoRA rank {head}, adapter_config.json says r = {adapter}: they are not from the same release"
-    )]
-    HeadAdapter {
-        /// Rank in head.pt.
-        head: u64,
-        /// Rank in the adapter.
-        adapter: u64,
-    },
-    /// `head.pt` reads another hidden size than the base has.
-    #[error("head.pt reads hidden states of width {head}, but the base's hidden_size is {base}")]
-    HeadWidth {
-        /// The head's input width.
-        head: usize,
-        /// The base's hidden size.
-        base: u64,
-    },
-    /// The output directory exists and is not empty.
-    #[error("{0}: exists and is not empty; choose a new --out or remove it")]
-    OutputExists(PathBuf),
-    /// Release formats.
-    #[error(transparent)]
-    Adapter(#[from] kev_release::AdapterError),
-    /// Release formats.
-    #[error(transparent)]
-    Head(#[from] kev_release::HeadError),
-    /// Release formats.
-    #[error(transparent)]
-    Manifest(#[from] kev_release::ManifestError),
-    /// Release formats.
-    #[error(transparent)]
-    Shards(#[from] kev_release::ShardError),
-    /// Release formats.
-    #[error(transparent)]
-    Stream(#[from] kev_release::stream::StreamError),
-    /// Release formats.
-    #[error(transparent)]
-    Merge(#[from] kev_release::MergeError),
-    /// A JSON input is malformed.
-    #[error("{path}: {message}")]
-    Json {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-    /// File system trouble.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A broken invariant (a bug).
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-/// Details of [`PrepareError::PinMismatch`].
-#[derive(Debug)]
-pub struct PinMismatch {
-    /// Repository of the pin.
-    pub repo: String,
-    /// Pinned revision.
-    pub revision: String,
-    /// File name inside the repository.
-    pub file: String,
-    /// What it was checked against (`the pinned release`, `the Hub's id for it`).
-    pub against: &'static str,
-    /// Where the file was read.
-    pub path: PathBuf,
-    /// Sizes and both digests.
-    pub what: String,
-    /// How to proceed.
-    pub hint: String,
-}
-
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PrepareError + '_ {
-    move |source| PrepareError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// Where a repository's files come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// A Hub repository at a revision (branch, tag or commit).
-    Hub {
-        /// `owner/name`.
-        repo: String,
-        /// Revision.
-        revision: String,
-    },
-    /// A local directory with the repository's files.
-    Dir(PathBuf),
-}
-
-impl Source {
-    /// Parse `owner/name@revision` (revision defaults to `main`).
-    pub fn parse_hub(spec: &str) -> Result<Self, PrepareError> {
-        let (repo, revision) = match spec.split_once('@') {
-            Some((r, v)) => (r, v),
-            None => (spec, "main"),
-        };
-        let valid = |s: &str| {
-            !s.is_empty()
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        };
-        match repo.split_once('/') {
-            Some((owner, name)) if valid(owner) && valid(name) && !revision.is_empty() => {
-                Ok(Source::Hub {
-                    repo: repo.to_string(),
-                    revision: revision.to_string(),
-                })
-            }
-            _ => Err(PrepareError::Usage(format!(
-                "{spec:?} is not a Hub repository: expected owner/name[@revision]"
-            ))),
-        }
-    }
-}
 
 /// Everything `kev prepare` needs to know.
 #[derive(Debug, Clone)]
@@ -263,40 +93,6 @@ pub struct PrepareReport {
     pub manifest: Manifest,
     /// Warnings raised (unpinned sources, unchecked base identity).
     pub warnings: Vec<String>,
-}
-
-/// A source resolved to local files.
-struct Resolved {
-    role: &'static str,
-    source: Source,
-    /// The pins the files are checked against, if the source is pinned.
-    pin: Option<RepoPin>,
-    commit: Option<String>,
-    /// Repository file name → local path.
-    files: BTreeMap<String, PathBuf>,
-    /// Repository file name → the Hub's id for it (sha256 or git blob sha1), for Hub sources.
-    etags: BTreeMap<String, String>,
-    /// The directory the base store opens (base only).
-    dir: PathBuf,
-    /// For error hints.
-    from_hub: bool,
-}
-
-impl Resolved {
-    fn path(&self, name: &str) -> Result<&Path, PrepareError> {
-        self.files
-            .get(name)
-            .map(PathBuf::as_path)
-            .ok_or_else(|| PrepareError::Internal(format!("{name} was not fetched")))
-    }
-
-    fn label(&self) -> String {
-        match (&self.source, &self.commit) {
-            (Source::Hub { repo, .. }, Some(c)) => format!("{repo}@{c}"),
-            (Source::Hub { repo, revision }, None) => format!("{repo}@{revision}"),
-            (Source::Dir(d), _) => d.display().to_string(),
-        }
-    }
 }
 
 /// Run `kev prepare`.
@@ -566,7 +362,7 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     })
 }
 
-fn warn(warnings: &mut Vec<String>, w: String) {
+pub(crate) fn warn(warnings: &mut Vec<String>, w: String) {
     if !warnings.contains(&w) {
         tracing::warn!("{w}");
         warnings.push(w);
@@ -599,244 +395,6 @@ fn check_output(out: &Path) -> Result<(), PrepareError> {
             source: e,
         }),
     }
-}
-
-fn resolve(
-    client: &HubClient,
-    role: &'static str,
-    source: &Source,
-    pins: &RepoPin,
-    pins_explicit: bool,
-) -> Result<Resolved, PrepareError> {
-    match source {
-        Source::Hub { repo, revision } => {
-            // Pinned when it is the pinned repository at the pinned commit (or a name for it).
-            // Online, a branch or tag is resolved afresh by the first download; offline, by the cache.
-            let resolved_commit = if hub::is_commit(revision) {
-                Some(revision.clone())
-            } else if client.config().offline {
-                client.cached_commit(repo, revision)
-            } else {
-                None
-            };
-            let pinned = *repo == pins.repo
-                && (revision == &pins.revision
-                    || resolved_commit.as_deref() == Some(&pins.revision));
-            Ok(Resolved {
-                role,
-                source: source.clone(),
-                pin: pinned.then(|| pins.clone()),
-                commit: resolved_commit,
-                files: BTreeMap::new(),
-                etags: BTreeMap::new(),
-                dir: PathBuf::new(),
-                from_hub: true,
-            })
-        }
-        Source::Dir(d) => {
-            if !d.is_dir() {
-                return Err(PrepareError::MissingFile {
-                    role,
-                    path: d.clone(),
-                });
-            }
-            // recorded in the manifest: an absolute path says where the files really were
-            let d = std::fs::canonicalize(d).map_err(io_err(d))?;
-            Ok(Resolved {
-                role,
-                source: Source::Dir(d.clone()),
-                pin: pins_explicit.then(|| pins.clone()),
-                commit: pins_explicit.then(|| pins.revision.clone()),
-                files: BTreeMap::new(),
-                etags: BTreeMap::new(),
-                dir: d,
-                from_hub: false,
-            })
-        }
-    }
-}
-
-fn fetch_files(client: &HubClient, r: &mut Resolved, names: &[&str]) -> Result<(), PrepareError> {
-    for &name in names {
-        if r.files.contains_key(name) {
-            continue;
-        }
-        let path = match &r.source {
-            Source::Dir(d) => {
-                let p = d.join(name);
-                if !p.is_file() {
-                    return Err(PrepareError::MissingFile {
-                        role: r.role,
-                        path: p,
-                    });
-                }
-                p
-            }
-            Source::Hub { repo, revision } => {
-                let rev = r.commit.clone().unwrap_or_else(|| revision.clone());
-                let f = client.fetch(repo, &rev, name)?;
-                if r.commit.is_none() {
-                    // the first answer fixes the commit: every later file comes from the same one
-                    r.commit = Some(f.commit.clone());
-                }
-                if let Some(parent) = f.path.parent()
-                    && r.dir.as_os_str().is_empty()
-                {
-                    // the snapshot directory of the commit (files may live in sub-folders)
-                    let depth = Path::new(name).components().count();
-                    let mut d = parent.to_path_buf();
-                    for _ in 1..depth {
-                        d.pop();
-                    }
-                    r.dir = d;
-                }
-                if let Some(e) = f.etag {
-                    r.etags.insert(name.to_string(), e);
-                }
-                f.path
-            }
-        };
-        r.files.insert(name.to_string(), path);
-    }
-    Ok(())
-}
-
-impl Resolved {
-    /// A Hub branch or tag that turned out to be the pinned commit is pinned after all.
-    fn repin(&mut self, pins: &RepoPin) {
-        if let Source::Hub { repo, .. } = &self.source
-            && self.pin.is_none()
-            && *repo == pins.repo
-            && self.commit.as_deref() == Some(pins.revision.as_str())
-        {
-            self.pin = Some(pins.clone());
-        }
-    }
-}
-
-fn pin_hint(r: &Resolved, path: &Path) -> String {
-    if r.from_hub {
-        format!(
-            "the cached copy is damaged or the Hub serves other bytes: delete {} (and the blob it links to) to download it again; \
-             to use different files knowingly, pin them with --pins FILE",
-            path.display()
-        )
-    } else {
-        "this directory is not an untouched copy of the pinned release: restore the file from the Hub, \
-         or leave out --pins to use the directory as an unpinned source (it is then hashed and recorded, with a warning)"
-            .to_string()
-    }
-}
-
-fn verify_files(
-    r: &Resolved,
-    names: &[&str],
-    progress: bool,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<FileRecord>, PrepareError> {
-    let mut jobs: Vec<(&str, &Path, Option<&PinnedFile>)> = Vec::new();
-    for &name in names {
-        let path = r.path(name)?;
-        let pin = match &r.pin {
-            Some(p) => Some(p.file(name).ok_or_else(|| PrepareError::NotPinned {
-                repo: p.repo.clone(),
-                revision: p.revision.clone(),
-                file: name.to_string(),
-            })?),
-            None => None,
-        };
-        jobs.push((name, path, pin));
-    }
-    if r.pin.is_none() && !names.is_empty() {
-        let w = format!(
-            "{} source {} is unpinned: its files are hashed and recorded in the manifest, not checked",
-            r.role,
-            r.label()
-        );
-        warn(warnings, w);
-    }
-    let total: u64 = jobs
-        .iter()
-        .map(|(_, p, _)| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
-        .sum();
-    let bar = progress_bar(progress && total > (64 << 20), "verify");
-    bar.set_length(total);
-    // Two files hash at once: sha256 + sha1 keep one core busy each.
-    let hashed: Vec<Result<FileHashes, PrepareError>> = jobs
-        .par_iter()
-        .with_max_len(1)
-        .map(|(name, path, pin)| {
-            let git = pin.is_some_and(|p| p.kind == DigestKind::GitSha1)
-                || r.etags.get(*name).is_some_and(|e| e.len() == 40);
-            Ok(FileHashes::of_file_with(path, git, |n| bar.inc(n))?)
-        })
-        .collect();
-    bar.finish_and_clear();
-    let mut records = Vec::new();
-    for ((name, path, pin), h) in jobs.iter().zip(hashed) {
-        let h = h?;
-        if let (Some(pin), Some(repo)) = (pin, &r.pin) {
-            let what = match pin.check(&h) {
-                PinCheck::Ok => None,
-                PinCheck::Size { expected, found } => Some(format!(
-                    "size {found} bytes, pinned {expected} bytes; {} {}, pinned {}",
-                    pin.kind,
-                    h.get(pin.kind).unwrap_or("?"),
-                    pin.digest
-                )),
-                PinCheck::Digest {
-                    kind,
-                    expected,
-                    found,
-                } => Some(format!("{kind} {found}, pinned {expected}")),
-            };
-            if let Some(what) = what {
-                return Err(PrepareError::PinMismatch(Box::new(PinMismatch {
-                    repo: repo.repo.clone(),
-                    revision: repo.revision.clone(),
-                    file: name.to_string(),
-                    against: "the pinned release",
-                    path: path.to_path_buf(),
-                    what,
-                    hint: pin_hint(r, path),
-                })));
-            }
-        }
-        // Unpinned Hub files still carry the Hub's own id: the cached copy must match it.
-        if pin.is_none()
-            && let Some(etag) = r.etags.get(*name)
-        {
-            let (kind, found) = match etag.len() {
-                64 => (DigestKind::Sha256, Some(h.sha256.as_str())),
-                40 => (DigestKind::GitSha1, h.git_sha1.as_deref()),
-                _ => (DigestKind::Sha256, None),
-            };
-            if let Some(found) = found
-                && !found.eq_ignore_ascii_case(etag)
-            {
-                let repo = match &r.source {
-                    Source::Hub { repo, .. } => repo.clone(),
-                    Source::Dir(d) => d.display().to_string(),
-                };
-                return Err(PrepareError::PinMismatch(Box::new(PinMismatch {
-                    repo,
-                    revision: r.commit.clone().unwrap_or_default(),
-                    file: name.to_string(),
-                    against: "the Hub's id for it",
-                    path: path.to_path_buf(),
-                    what: format!("{kind} {found}, the Hub's id {etag}"),
-                    hint: pin_hint(r, path),
-                })));
-            }
-        }
-        records.push(FileRecord {
-            role: Some(r.role.to_string()),
-            name: name.to_string(),
-            size: h.size,
-            sha256: h.sha256,
-        });
-    }
-    Ok(records)
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value, PrepareError> {
@@ -884,26 +442,7 @@ fn open_base_store(base: &Resolved, shards: &[String]) -> Result<TensorStore, Pr
     Ok(TensorStore::open_files(&base.dir, &paths)?)
 }
 
-fn source_record(r: &Resolved) -> SourceRecord {
-    let (repo, revision, local_dir) = match &r.source {
-        Source::Hub { repo, revision } => (Some(repo.clone()), Some(revision.clone()), None),
-        Source::Dir(d) => (
-            r.pin.as_ref().map(|p| p.repo.clone()),
-            r.pin.as_ref().map(|p| p.revision.clone()),
-            Some(d.display().to_string()),
-        ),
-    };
-    SourceRecord {
-        role: r.role.to_string(),
-        repo,
-        revision,
-        commit: r.commit.clone(),
-        local_dir,
-        pinned: r.pin.is_some(),
-    }
-}
-
-fn progress_bar(enabled: bool, label: &str) -> ProgressBar {
+pub(crate) fn progress_bar(enabled: bool, label: &str) -> ProgressBar {
     if !enabled {
         return ProgressBar::hidden();
     }

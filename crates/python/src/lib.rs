@@ -51,24 +51,36 @@ fn internal(e: &kev_decide::DecideError) -> Answer {
     )
 }
 
+/// `Model(...)`'s arguments, passed by the Python half as one dict (`python/kev/__init__.py` documents them).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct EngineOptions {
+    model_dir: Option<PathBuf>,
+    base: Option<PathBuf>,
+    kev: Option<PathBuf>,
+    weights: String,
+    precision: Option<String>,
+    cache_bytes: Option<usize>,
+    pass_tokens: Option<usize>,
+    threads: Option<usize>,
+    truncate_state: bool,
+}
+
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (model_dir=None, base=None, kev=None, weights="merged", precision=None,
-                        cache_bytes=None, pass_tokens=None, threads=None, truncate_state=false))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        py: Python<'_>,
-        model_dir: Option<PathBuf>,
-        base: Option<PathBuf>,
-        kev: Option<PathBuf>,
-        weights: &str,
-        precision: Option<&str>,
-        cache_bytes: Option<usize>,
-        pass_tokens: Option<usize>,
-        threads: Option<usize>,
-        truncate_state: bool,
-    ) -> PyResult<Self> {
+    fn new(py: Python<'_>, options: EngineOptions) -> PyResult<Self> {
+        let EngineOptions {
+            model_dir,
+            base,
+            kev,
+            weights,
+            precision,
+            cache_bytes,
+            pass_tokens,
+            threads,
+            truncate_state,
+        } = options;
         let source = match (model_dir, base, kev) {
             (Some(dir), None, None) => Source::Prepared(dir),
             (None, Some(base), Some(kev)) => Source::Release { base, kev },
@@ -79,7 +91,7 @@ impl Engine {
             }
         };
         let form: WeightForm = weights.parse().map_err(PyValueError::new_err)?;
-        let arm: Option<Arm> = match precision {
+        let arm: Option<Arm> = match precision.as_deref() {
             None => None,
             Some(p) => Some(p.parse().map_err(|_| {
                 PyValueError::new_err(format!("unknown precision `{p}` (fp32, bf16)"))

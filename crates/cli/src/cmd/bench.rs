@@ -11,6 +11,7 @@
 
 mod backbone;
 mod decide;
+mod peers;
 mod requests;
 
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use std::process::ExitCode;
 use kev_engine::Arm;
 use serde::Serialize;
 
-use super::peers::{PeerEnv, PeerError};
+use peers::{PeerEnv, PeerError};
 
 /// Flags of `kev bench`.
 #[derive(clap::Args)]

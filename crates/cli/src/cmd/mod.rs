@@ -6,7 +6,6 @@ pub mod calibrate;
 pub mod decide;
 pub mod eval;
 pub mod labelled;
-pub mod peers;
 pub mod prepare;
 pub mod rows;
 pub mod serve;

@@ -16,16 +16,18 @@ pub struct Args {
     #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = ["kev-4b", "kev-0.8b"],
         conflicts_with = "pins")]
     release: String,
-    /// The Kev repository on the Hub, `owner/name@revision` (default: the pinned one of --release).
-    #[arg(long, value_name = "REPO@REV", conflicts_with = "kev_dir")]
+    /// The Kev repository: a local directory with its files (as every other command takes it), or
+    /// `owner/name@revision` on the Hub (default: the pinned one of --release). An existing directory wins.
+    #[arg(long, value_name = "DIR|REPO@REV", conflicts_with = "kev_dir")]
     kev: Option<String>,
-    /// A local directory with the Kev repository's files instead of the Hub.
+    /// A local directory with the Kev repository's files (older spelling of `--kev DIR`).
     #[arg(long, value_name = "DIR")]
     kev_dir: Option<PathBuf>,
-    /// The base repository on the Hub, `owner/name@revision` (default: the pinned base of --release).
-    #[arg(long, value_name = "REPO@REV", conflicts_with = "base_dir")]
+    /// The base repository: a local directory with its files, or `owner/name@revision` on the Hub
+    /// (default: the pinned base of --release). An existing directory wins.
+    #[arg(long, value_name = "DIR|REPO@REV", conflicts_with = "base_dir")]
     base: Option<String>,
-    /// A local directory with the base repository's files instead of the Hub.
+    /// A local directory with the base repository's files (older spelling of `--base DIR`).
     #[arg(long, value_name = "DIR")]
     base_dir: Option<PathBuf>,
     /// The directory to create (must not exist, or be empty).
@@ -59,12 +61,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         opts.pins_explicit = true;
     }
     opts.kev = match (&args.kev, &args.kev_dir) {
-        (Some(s), _) => Some(Source::parse_hub(s)?),
+        (Some(s), _) => Some(Source::parse(s)?),
         (None, Some(d)) => Some(Source::Dir(d.clone())),
         (None, None) => None,
     };
     opts.base = match (&args.base, &args.base_dir) {
-        (Some(s), _) => Some(Source::parse_hub(s)?),
+        (Some(s), _) => Some(Source::parse(s)?),
         (None, Some(d)) => Some(Source::Dir(d.clone())),
         (None, None) => None,
     };

@@ -17,11 +17,11 @@ use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::{Arm, Backbone, Kernels, Qwen35Config};
 use serde::Serialize;
 
+use super::peers::{self, BENCH_SEED, BackboneRun, ORDINARY_VOCAB, TorchDtype};
 use super::{
     Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, median, peer_env, print_bars, rss_gib,
     secs, speedup, times, write_json,
 };
-use crate::cmd::peers::{self, BENCH_SEED, BackboneRun, ORDINARY_VOCAB, TorchDtype};
 use crate::model_args::ModelArgs;
 
 /// Flags of `kev bench backbone`.
