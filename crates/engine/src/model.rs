@@ -51,6 +51,10 @@ pub(crate) struct LoraSeg {
 pub(crate) struct Linear {
     pub w: PackedMatrix,
     pub loras: Vec<LoraSeg>,
+    /// While calibrating the int8 arm: the largest `|x[k]|` seen per input (`calibrate.rs`).
+    pub ranges: std::sync::Mutex<Option<Vec<f32>>>,
+    /// The int8 arm computes this projection as the bf16 arm does (an island of its plan).
+    pub bf16_island: std::sync::atomic::AtomicBool,
 }
 
 impl Linear {
@@ -66,6 +70,25 @@ impl Linear {
         out: &mut [f32],
         ldo: usize,
     ) {
+        assert!(
+            arm == Arm::Int8 || !self.w.float_dropped(),
+            "this model keeps int8 weights only: the {} arm cannot run it",
+            arm.name()
+        );
+        let arm = if arm == Arm::Int8 && self.bf16_island.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            Arm::Bf16
+        } else {
+            arm
+        };
+        if let Some(r) = self
+            .ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            crate::calibrate::observe(r, m, x, ldx);
+        }
         gemm(kern, arm, m, x, ldx, &self.w, out, ldo);
         if self.loras.is_empty() {
             return;
@@ -415,7 +438,12 @@ fn load_layer(
                 col += rows;
             }
             let w = ld.matrix(&names, k, &merged)?;
-            Ok(Linear { w, loras })
+            Ok(Linear {
+                w,
+                loras,
+                ranges: Default::default(),
+                bf16_island: Default::default(),
+            })
         };
     let mixer = match kind {
         LayerKind::Linear => {
