@@ -48,6 +48,15 @@ pub struct Args {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Also write the int8 arm's weights (`int8.safetensors`: W8A8, SmoothQuant factors from
+    /// --calibration; engine README), which `--precision int8` then loads instead of quantising plainly.
+    #[arg(long, requires = "calibration")]
+    int8: bool,
+    /// Calibration requests for --int8, JSON lines: each a request body, or a record with the body under
+    /// `request` (the shape of kev-mini's `data/*.jsonl`). Use training or development data, never the
+    /// rows the model is evaluated on.
+    #[arg(long, value_name = "FILE")]
+    calibration: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -98,7 +107,74 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         m.merge.dropped_tensors.len(),
         m.outputs.len()
     );
+    if args.int8 {
+        let path = args
+            .calibration
+            .as_deref()
+            .context("--int8 needs --calibration FILE")?;
+        let bodies = read_calibration(path)?;
+        let started = std::time::Instant::now();
+        let plan = kev_engine::Int8Plan::default();
+        let spec = kev_decide::LoadSpec {
+            source: kev_decide::Source::Prepared(report.out.clone()),
+            form: kev_decide::WeightForm::Merged,
+            arm: Some(kev_engine::Arm::Int8),
+            settings: kev_decide::Settings::default(),
+        };
+        let source = format!("{} ({} requests)", path.display(), bodies.len());
+        kev_prepare::add_output(&report.out, kev_engine::INT8_FILE, |file| {
+            let (kev, _, _) =
+                kev_decide::load_cpu_int8(&spec, &bodies, plan).map_err(|e| e.to_string())?;
+            let scheme = format!(
+                "W8A8: int8 weights per output channel, int8 activations per token, SmoothQuant alpha {} on {:?}",
+                plan.alpha, plan.scope
+            );
+            kev.backend()
+                .model()
+                .write_int8(
+                    file,
+                    &[("scheme", scheme.clone()), ("calibration", source.clone())],
+                )
+                .map_err(|e| e.to_string())?;
+            Ok([
+                ("int8.scheme".to_string(), scheme),
+                ("int8.calibration".to_string(), source.clone()),
+            ]
+            .into_iter()
+            .collect())
+        })?;
+        eprintln!(
+            "kev: wrote {} ({:.1}s, calibrated on {source})",
+            report.out.join(kev_engine::INT8_FILE).display(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Calibration request bodies: one JSON value a line, the body itself or a record's `request`.
+fn read_calibration(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading calibration {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        let body = match v.get("request") {
+            Some(r) if v.get("state").is_none() => r,
+            _ => &v,
+        };
+        out.push(serde_json::to_vec(body)?);
+    }
+    anyhow::ensure!(
+        !out.is_empty(),
+        "{}: no calibration requests",
+        path.display()
+    );
+    Ok(out)
 }
 
 /// Peak resident set size of this process in KiB (Linux `VmHWM`), for the summary line.
