@@ -162,3 +162,45 @@ impl Backbone {
             .any(|(_, l, _)| l.w.float_dropped())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Arm, Backbone, Int8Plan, LoadOptions};
+    use std::path::Path;
+
+    /// The stored form gives back, bit for bit, the int8 arm it was written from; the float copies can be
+    /// dropped without changing a bit; a model without some projection's form is refused.
+    #[test]
+    fn the_stored_form_round_trips_bit_for_bit() {
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/base");
+        let a = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let bytes = a.quantize_int8(None, Int8Plan::default()).unwrap();
+        assert!(bytes > 0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::INT8_FILE);
+        a.write_int8(&path, &[("scheme", "test".into())]).unwrap();
+        let mut b = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        assert_eq!(b.load_int8(&path).unwrap(), bytes);
+        let floats = b.weight_bytes();
+        assert!(b.drop_float_projections() > 0);
+        assert!(b.int8_only() && b.weight_bytes() < floats);
+        let ids: Vec<u32> = (0..150u32).map(|i| 9 + (i * 7919) % 5000).collect();
+        let wanted = [0, 63, 64, 149];
+        let (mut sa, mut sb) = (a.new_state(), b.new_state());
+        let ha = a.forward(Arm::Int8, &mut sa, &ids, &wanted).unwrap();
+        let hb = b.forward(Arm::Int8, &mut sb, &ids, &wanted).unwrap();
+        assert_eq!(
+            ha.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            hb.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        let c = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        c.quantize_int8(None, Int8Plan::default()).unwrap();
+        assert!(c.load_int8(&path).is_err(), "already built: refused");
+        let d = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let other = dir.path().join("empty.safetensors");
+        let none: Vec<(String, safetensors::tensor::TensorView<'_>)> = Vec::new();
+        safetensors::tensor::serialize_to_file(none, None, &other).unwrap();
+        let err = d.load_int8(&other).unwrap_err().to_string();
+        assert!(err.contains("missing"), "{err}");
+    }
+}

@@ -48,14 +48,14 @@ pub struct Args {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
-    /// Also write the int8 arm's weights (`int8.safetensors`: W8A8, SmoothQuant factors from
-    /// --calibration; engine README), which `--precision int8` then loads instead of quantising plainly.
-    #[arg(long, requires = "calibration")]
+    /// Also write the int8 arm's weights (`int8.safetensors`, engine README), which `--precision int8`
+    /// then loads: plain W8A8, or smoothed with --calibration.
+    #[arg(long)]
     int8: bool,
-    /// Calibration requests for --int8, JSON lines: each a request body, or a record with the body under
-    /// `request` (the shape of kev-mini's `data/*.jsonl`). Use training or development data, never the
-    /// rows the model is evaluated on.
-    #[arg(long, value_name = "FILE")]
+    /// With --int8: SmoothQuant (α 0.5 on the norm-reading projections) from the activation ranges of
+    /// these requests, JSON lines: each a request body, or a record with the body under `request` (the
+    /// shape of kev-mini's `data/*.jsonl`). Use training or development data, never evaluation rows.
+    #[arg(long, value_name = "FILE", requires = "int8")]
     calibration: Option<PathBuf>,
 }
 
@@ -108,23 +108,34 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         m.outputs.len()
     );
     if args.int8 {
-        let path = args
-            .calibration
-            .as_deref()
-            .context("--int8 needs --calibration FILE")?;
-        let bodies = read_calibration(path)?;
+        let bodies = match args.calibration.as_deref() {
+            Some(path) => read_calibration(path)?,
+            None => Vec::new(),
+        };
         let started = std::time::Instant::now();
-        let plan = kev_engine::Int8Plan::default();
+        let plan = if bodies.is_empty() {
+            kev_engine::Int8Plan::default()
+        } else {
+            kev_engine::Int8Plan::smoothed()
+        };
         let spec = kev_decide::LoadSpec {
             source: kev_decide::Source::Prepared(report.out.clone()),
             form: kev_decide::WeightForm::Merged,
             arm: Some(kev_engine::Arm::Int8),
             settings: kev_decide::Settings::default(),
         };
-        let source = format!("{} ({} requests)", path.display(), bodies.len());
+        let source = match args.calibration.as_deref() {
+            Some(path) => format!("{} ({} requests)", path.display(), bodies.len()),
+            None => "none (plain W8A8)".to_string(),
+        };
         kev_prepare::add_output(&report.out, kev_engine::INT8_FILE, |file| {
-            let (kev, _, _) =
-                kev_decide::load_cpu_int8(&spec, &bodies, plan).map_err(|e| e.to_string())?;
+            let kev = if bodies.is_empty() {
+                kev_decide::load_cpu(&spec).map_err(|e| e.to_string())?.0
+            } else {
+                kev_decide::load_cpu_int8(&spec, &bodies, plan)
+                    .map_err(|e| e.to_string())?
+                    .0
+            };
             let scheme = format!(
                 "W8A8: int8 weights per output channel, int8 activations per token, SmoothQuant alpha {} on {:?}",
                 plan.alpha, plan.scope
