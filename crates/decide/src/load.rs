@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use kev_engine::{Arm, Backbone, CpuBackend, Kernels, LoadOptions};
+use kev_engine::{
+    ActivationRanges, Arm, Backbone, CpuBackend, Int8Plan, Kernels, LoadOptions, SmoothScope,
+};
 use kev_release::head::{KevHead, PreparedHead};
 use kev_tokenize::KevTokenizer;
 use serde_json::{Value, json};
@@ -93,6 +95,14 @@ pub enum LoadError {
     /// The tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] kev_tokenize::LoadError),
+    /// A calibration request of the int8 arm was refused or failed.
+    #[error("int8 calibration request {index}: {reason}")]
+    Calibration {
+        /// Its position in the calibration list.
+        index: usize,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// What was loaded, for logs, `/v1/models` and reports.
@@ -175,9 +185,115 @@ pub fn default_arm() -> Arm {
     }
 }
 
-/// Load a model on the CPU.
+/// Load a model on the CPU. For the int8 arm the projections are quantised at load and their BF16/F32
+/// copies dropped: from a prepared directory's stored int8 form (`int8.safetensors`, written by
+/// `kev prepare --int8`, smoothed from its calibration) where there is one, else plain W8A8 (no
+/// smoothing: no calibration rows here; see [`load_cpu_int8`]).
 pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
-    let arm = spec.arm.unwrap_or_else(default_arm);
+    let opened = open_cpu(spec)?;
+    let mut backbone = opened.backbone;
+    if spec.arm == Some(Arm::Int8) {
+        let stored = match &spec.source {
+            Source::Prepared(dir) => Some(dir.join(kev_engine::INT8_FILE)).filter(|p| p.is_file()),
+            Source::Release { .. } => None,
+        };
+        let bytes = match &stored {
+            Some(path) => backbone.load_int8(path)?,
+            None => backbone.quantize_int8(
+                None,
+                Int8Plan {
+                    scope: SmoothScope::None,
+                    ..Int8Plan::default()
+                },
+            )?,
+        };
+        let freed = backbone.drop_float_projections();
+        tracing::info!(
+            int8_bytes = bytes,
+            float_bytes_dropped = freed,
+            "int8 weights: {}",
+            match &stored {
+                Some(p) => format!("stored form {}", p.display()),
+                None => "quantised at load, plain W8A8 (no stored smoothed form)".into(),
+            }
+        );
+    }
+    finish_cpu(spec, Arc::new(backbone), opened.files)
+}
+
+/// Load a model on the CPU for the int8 arm (whatever `spec.arm` says), its projections quantised with
+/// SmoothQuant factors from the activation ranges that `calibration` (request bodies, decided on the fp32
+/// arm of the same weights) produces. Returns the ranges too, for `kev prepare --int8`.
+pub fn load_cpu_int8(
+    spec: &LoadSpec,
+    calibration: &[Vec<u8>],
+    plan: Int8Plan,
+) -> Result<(Kev<CpuBackend>, ModelInfo, ActivationRanges), LoadError> {
+    let opened = open_cpu(spec)?;
+    let backbone = Arc::new(opened.backbone);
+    let files = opened.files;
+    let hidden = backbone.config().hidden_size;
+    // A separate fp32 service over the same weights, with no prefix cache: its states never reach the
+    // int8 service.
+    let fp32 = Kev::new(
+        CpuBackend::new(backbone.clone(), Arm::Fp32),
+        PointerHead::new(&files.head, hidden)?,
+        KevTokenizer::from_file(&files.tok_path)?,
+        Settings {
+            cache_bytes: 0,
+            ..spec.settings.clone()
+        },
+        0,
+    );
+    let (done, ranges) = backbone.calibrate_int8(|| {
+        for (index, body) in calibration.iter().enumerate() {
+            match fp32.decide(body) {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    return Err(LoadError::Calibration {
+                        index,
+                        reason: e.to_string(),
+                    });
+                }
+                Err(r) => {
+                    return Err(LoadError::Calibration {
+                        index,
+                        reason: format!("refused ({}): {}", r.status, r.body),
+                    });
+                }
+            }
+        }
+        Ok(())
+    });
+    done?;
+    drop(fp32);
+    let mut backbone = backbone;
+    backbone.quantize_int8(Some(&ranges), plan)?;
+    Arc::get_mut(&mut backbone)
+        .expect("the calibration service was dropped")
+        .drop_float_projections();
+    let spec = LoadSpec {
+        arm: Some(Arm::Int8),
+        ..spec.clone()
+    };
+    let (kev, info) = finish_cpu(&spec, backbone, files)?;
+    Ok((kev, info, ranges))
+}
+
+/// The files beside the backbone.
+struct Files {
+    head: KevHead,
+    head_path: PathBuf,
+    tok_path: PathBuf,
+    desc: String,
+}
+
+struct Opened {
+    backbone: Backbone,
+    files: Files,
+}
+
+fn open_cpu(spec: &LoadSpec) -> Result<Opened, LoadError> {
     let (backbone, head, head_path, tok_path, desc) = match (&spec.source, spec.form) {
         (Source::Prepared(dir), WeightForm::Merged) => {
             let backbone = Backbone::load(dir, &LoadOptions::default())?;
@@ -213,11 +329,34 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
             )
         }
     };
+    Ok(Opened {
+        backbone,
+        files: Files {
+            head,
+            head_path,
+            tok_path,
+            desc,
+        },
+    })
+}
+
+fn finish_cpu(
+    spec: &LoadSpec,
+    backbone: Arc<Backbone>,
+    files: Files,
+) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
+    let arm = spec.arm.unwrap_or_else(default_arm);
+    let Files {
+        head,
+        head_path,
+        tok_path,
+        desc,
+    } = files;
     let hidden = backbone.config().hidden_size;
     let pointer = PointerHead::new(&head, hidden)?;
     let tokenizer = KevTokenizer::from_file(&tok_path)?;
     let weight_bytes = backbone.weight_bytes();
-    let backend = CpuBackend::new(Arc::new(backbone), arm);
+    let backend = CpuBackend::new(backbone, arm);
     let info = ModelInfo {
         source: desc,
         form: spec.form,

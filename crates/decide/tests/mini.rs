@@ -11,8 +11,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kev_decide::{Kev, LoadSpec, Settings, Source, WeightForm, load_cpu};
-use kev_engine::{Arm, CpuBackend};
+use kev_decide::{Kev, LoadSpec, Settings, Source, WeightForm, load_cpu, load_cpu_int8};
+use kev_engine::{Arm, CpuBackend, Int8Plan};
 use serde_json::Value;
 
 fn mini() -> PathBuf {
@@ -50,8 +50,8 @@ fn cases() -> &'static [Case] {
     })
 }
 
-fn load(form: WeightForm, arm: Option<Arm>) -> Kev<CpuBackend> {
-    let spec = LoadSpec {
+fn spec(form: WeightForm, arm: Option<Arm>) -> LoadSpec {
+    LoadSpec {
         source: Source::Release {
             base: mini().join("base"),
             kev: mini().join("kev"),
@@ -62,8 +62,11 @@ fn load(form: WeightForm, arm: Option<Arm>) -> Kev<CpuBackend> {
             cache_bytes: 64 << 20,
             ..Settings::default()
         },
-    };
-    load_cpu(&spec)
+    }
+}
+
+fn load(form: WeightForm, arm: Option<Arm>) -> Kev<CpuBackend> {
+    load_cpu(&spec(form, arm))
         .unwrap_or_else(|e| panic!("loading kev-mini: {e}"))
         .0
 }
@@ -226,6 +229,82 @@ fn bf16_compute_and_merged_bf16_meet_the_real_bar() {
             g.flips
         );
     }
+}
+
+/// The dev split's request bodies: the int8 arm's calibration rows (never the test split).
+fn dev_bodies() -> Vec<Vec<u8>> {
+    std::fs::read_to_string(mini().join("data/dev.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            serde_json::to_vec(&v["request"]).unwrap()
+        })
+        .collect()
+}
+
+/// The int8 arm as `--precision int8` loads the merged weights: plain W8A8 (the rule fixed on the dev
+/// split before the test split was run: engine README, "int8 arm"), float copies dropped, measured on
+/// every test question against the fp32 reference arm. The SmoothQuant variant (α 0.5 on the
+/// norm-reading projections, calibrated on the dev split) is printed beside it; the rule did not choose it.
+fn int8_gap() -> &'static Gap {
+    static GAP: OnceLock<Gap> = OnceLock::new();
+    GAP.get_or_init(|| {
+        let kev = load(WeightForm::Merged, Some(Arm::Int8));
+        assert!(
+            kev.backend().model().int8_only(),
+            "the float copies of the projections must be dropped"
+        );
+        let g = gap(&run_all(&kev));
+        drop(kev);
+        let (smooth, info, _) = load_cpu_int8(
+            &spec(WeightForm::Merged, Some(Arm::Int8)),
+            &dev_bodies(),
+            Int8Plan::smoothed(),
+        )
+        .unwrap_or_else(|e| panic!("loading kev-mini for smoothed int8: {e}"));
+        assert_eq!(info.arm, Arm::Int8);
+        let sg = gap(&run_all(&smooth));
+        for (label, g) in [
+            ("merged + int8 (plain W8A8)", &g),
+            (
+                "merged + int8 (SmoothQuant α 0.5 on norm inputs, dev calibration; not the rule)",
+                &sg,
+            ),
+        ] {
+            eprintln!(
+                "kev-mini {label} vs reference: max |Δp| {:.4}, mean {:.5}, {} flips over {} questions with margin > 0.02",
+                g.max,
+                g.mean,
+                g.flips.len(),
+                g.checked
+            );
+        }
+        g
+    })
+}
+
+/// The parts of the bar the int8 arm meets: mean |Δp| ≤ 0.002 and no argmax flip where the reference
+/// margin exceeds 0.02.
+#[test]
+fn int8_keeps_the_mean_and_the_argmax() {
+    let g = int8_gap();
+    assert!(g.mean <= 0.002, "int8: mean |Δp| {:.5} > 0.002", g.mean);
+    assert!(
+        g.flips.is_empty(),
+        "int8: argmax changed where the reference margin > 0.02: {:?}",
+        g.flips
+    );
+}
+
+/// The rest of the bar, max |Δp| ≤ 0.02 on every test question: NOT met by plain W8A8 on this kev-mini
+/// (engine README), so it does not run by default; `cargo test -p kev-decide --test mini -- --ignored`
+/// re-measures it on whatever kev-mini is committed.
+#[test]
+#[ignore = "issue 20: the int8 arm's max |Δp| is over 0.02 on kev-mini's test split (engine README)"]
+fn int8_keeps_the_max() {
+    let g = int8_gap();
+    assert!(g.max <= 0.02, "int8: max |Δp| {:.4} > 0.02", g.max);
 }
 
 #[test]

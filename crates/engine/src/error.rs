@@ -52,6 +52,10 @@ pub enum EngineError {
     /// The compute device failed (a GPU backend's driver, memory or kernel error): not the input's fault.
     #[error("compute device: {0}")]
     Device(String),
+    /// The int8 arm's weights could not be built as asked (calibration that does not fit the model,
+    /// or quantisation after the first int8 call).
+    #[error("int8: {0}")]
+    Int8(String),
 }
 
 impl EngineError {

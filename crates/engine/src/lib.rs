@@ -18,12 +18,14 @@
 
 mod attention;
 pub mod backend;
+pub mod calibrate;
 pub mod config;
 #[cfg(test)]
 mod controls;
 pub mod error;
 mod forward;
 mod gdn;
+mod int8_file;
 pub mod kernels;
 pub mod lora;
 mod model;
@@ -34,9 +36,11 @@ pub mod synth;
 pub mod weights;
 
 pub use backend::{Backend, CpuBackend};
+pub use calibrate::{ActivationRanges, Int8Plan, ProjectionKind, SmoothScope};
 pub use config::{LayerKind, Qwen35Config};
 pub use error::EngineError;
 pub use forward::BatchRow;
+pub use int8_file::{INT8_FILE, INT8_FORMAT};
 pub use kernels::{Arm, Kernels};
 pub use model::{Backbone, LoadOptions};
 pub use state::State;

@@ -43,6 +43,10 @@ pub(crate) struct LoraSeg {
 pub(crate) struct Linear {
     pub w: PackedMatrix,
     pub loras: Vec<LoraSeg>,
+    /// While calibrating the int8 arm: the largest `|x[k]|` seen per input (`calibrate.rs`).
+    pub ranges: std::sync::Mutex<Option<Vec<f32>>>,
+    /// The int8 arm computes this projection as the bf16 arm does (an island of its plan).
+    pub bf16_island: std::sync::atomic::AtomicBool,
 }
 
 impl Linear {
@@ -58,6 +62,25 @@ impl Linear {
         out: &mut [f32],
         ldo: usize,
     ) {
+        assert!(
+            arm == Arm::Int8 || !self.w.float_dropped(),
+            "this model keeps int8 weights only: the {} arm cannot run it",
+            arm.name()
+        );
+        let arm = if arm == Arm::Int8 && self.bf16_island.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            Arm::Bf16
+        } else {
+            arm
+        };
+        if let Some(r) = self
+            .ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            crate::calibrate::observe(r, m, x, ldx);
+        }
         gemm(kern, arm, m, x, ldx, &self.w, out, ldo);
         if self.loras.is_empty() {
             return;
@@ -432,7 +455,12 @@ fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linea
     for p in parts {
         w.release(&p.weight);
     }
-    Ok(Linear { w: m, loras })
+    Ok(Linear {
+        w: m,
+        loras,
+        ranges: Default::default(),
+        bf16_island: Default::default(),
+    })
 }
 
 /// A LoRA pair as a segment over output columns `[col, col + n)` (shapes checked by the tree).

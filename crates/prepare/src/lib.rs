@@ -362,6 +362,42 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     })
 }
 
+/// Add a file to a prepared directory (`kev prepare --int8`: the stored int8 form): `write` creates
+/// `dir/name` (it runs before the manifest changes; on error nothing is recorded and a partial file is
+/// removed), then the file is hashed into the manifest's outputs and `notes` are added to its notes.
+pub fn add_output(
+    dir: &Path,
+    name: &str,
+    write: impl FnOnce(&Path) -> Result<BTreeMap<String, String>, String>,
+) -> Result<Manifest, PrepareError> {
+    let mut manifest = Manifest::read(dir)?;
+    if manifest.outputs.iter().any(|o| o.name == name) {
+        return Err(PrepareError::Usage(format!(
+            "{}: the manifest already records {name}",
+            dir.display()
+        )));
+    }
+    let path = dir.join(name);
+    let notes = match write(&path) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(PrepareError::Internal(format!("writing {name}: {e}")));
+        }
+    };
+    let h = FileHashes::of_file_with(&path, false, |_| {})?;
+    manifest.outputs.push(FileRecord {
+        role: None,
+        name: name.to_string(),
+        size: h.size,
+        sha256: h.sha256,
+    });
+    manifest.outputs.sort_by(|a, b| a.name.cmp(&b.name));
+    manifest.notes.extend(notes);
+    manifest.write(dir)?;
+    Ok(manifest)
+}
+
 pub(crate) fn warn(warnings: &mut Vec<String>, w: String) {
     if !warnings.contains(&w) {
         tracing::warn!("{w}");

@@ -50,6 +50,15 @@ pub struct Args {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+    /// Also write the int8 arm's weights (`int8.safetensors`, engine README), which `--precision int8`
+    /// then loads: plain W8A8, or smoothed with --calibration.
+    #[arg(long)]
+    int8: bool,
+    /// With --int8: SmoothQuant (α 0.5 on the norm-reading projections) from the activation ranges of
+    /// these requests, JSON lines: each a request body, or a record with the body under `request` (the
+    /// shape of kev-mini's `data/*.jsonl`). Use training or development data, never evaluation rows.
+    #[arg(long, value_name = "FILE", requires = "int8")]
+    calibration: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -100,7 +109,85 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         m.merge.dropped_tensors.len(),
         m.outputs.len()
     );
+    if args.int8 {
+        let bodies = match args.calibration.as_deref() {
+            Some(path) => read_calibration(path)?,
+            None => Vec::new(),
+        };
+        let started = std::time::Instant::now();
+        let plan = if bodies.is_empty() {
+            kev_engine::Int8Plan::default()
+        } else {
+            kev_engine::Int8Plan::smoothed()
+        };
+        let spec = kev_decide::LoadSpec {
+            source: kev_decide::Source::Prepared(report.out.clone()),
+            form: kev_decide::WeightForm::Merged,
+            arm: Some(kev_engine::Arm::Int8),
+            settings: kev_decide::Settings::default(),
+        };
+        let source = match args.calibration.as_deref() {
+            Some(path) => format!("{} ({} requests)", path.display(), bodies.len()),
+            None => "none (plain W8A8)".to_string(),
+        };
+        kev_prepare::add_output(&report.out, kev_engine::INT8_FILE, |file| {
+            let kev = if bodies.is_empty() {
+                kev_decide::load_cpu(&spec).map_err(|e| e.to_string())?.0
+            } else {
+                kev_decide::load_cpu_int8(&spec, &bodies, plan)
+                    .map_err(|e| e.to_string())?
+                    .0
+            };
+            let scheme = format!(
+                "W8A8: int8 weights per output channel, int8 activations per token, SmoothQuant alpha {} on {:?}",
+                plan.alpha, plan.scope
+            );
+            kev.backend()
+                .model()
+                .write_int8(
+                    file,
+                    &[("scheme", scheme.clone()), ("calibration", source.clone())],
+                )
+                .map_err(|e| e.to_string())?;
+            Ok([
+                ("int8.scheme".to_string(), scheme),
+                ("int8.calibration".to_string(), source.clone()),
+            ]
+            .into_iter()
+            .collect())
+        })?;
+        eprintln!(
+            "kev: wrote {} ({:.1}s, calibrated on {source})",
+            report.out.join(kev_engine::INT8_FILE).display(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Calibration request bodies: one JSON value a line, the body itself or a record's `request`.
+fn read_calibration(path: &std::path::Path) -> anyhow::Result<Vec<Vec<u8>>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading calibration {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        let body = match v.get("request") {
+            Some(r) if v.get("state").is_none() => r,
+            _ => &v,
+        };
+        out.push(serde_json::to_vec(body)?);
+    }
+    anyhow::ensure!(
+        !out.is_empty(),
+        "{}: no calibration requests",
+        path.display()
+    );
+    Ok(out)
 }
 
 /// Peak resident set size of this process in KiB (Linux `VmHWM`), for the summary line.

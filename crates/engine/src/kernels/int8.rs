@@ -21,6 +21,14 @@
 //!   to i32 exactly.
 //! - Portable: plain i32 multiply-adds (the reference).
 //!
+//! **Smoothing** (optional, SmoothQuant): a per-input-channel factor `f[k]` moves the range of outlier
+//! activation channels into the weights: the weights are quantised from `W[j,k] · f[k]` and the
+//! activations from `x[k] / f[k]` (as `x[k] · (1 / f[k])`), so the product is unchanged in exact arithmetic.
+//! The division is done where the activations are quantised rather than folded into the preceding RMSNorm
+//! weight, because the compute arm is chosen per call and the norm weight is shared by every arm; it costs
+//! `k` multiplies per row against the GEMM's `n · k`. [`smoothing_factors`] computes `f` from calibration
+//! statistics.
+//!
 //! **Dequantisation**: `C[i,j] = (f32(v) · s_w[j]) · s_a[i]` with `v` the exact integer dot product, two
 //! f32 roundings in that order on every path. Integer sums are associative, so the input blocking and
 //! the row grouping cannot change a bit: every path is bit-equal to the portable one, and a row never
@@ -56,6 +64,10 @@ pub struct PackedInt8 {
     scale: Vec<f32>,
     /// `Σ_k q_w` per output, padded.
     wsum: Vec<i32>,
+    /// `1 / f[k]` per input when the weights were smoothed (the activations are multiplied by it).
+    unsmooth: Option<Vec<f32>>,
+    /// The factors `f[k]` themselves (for the stored form).
+    factors: Option<Vec<f32>>,
 }
 
 impl std::fmt::Debug for PackedInt8 {
@@ -81,6 +93,24 @@ fn quantize_weight_row(w: &[f32], q: &mut [i8]) -> f32 {
 impl PackedInt8 {
     /// Quantise and pack `[n, k]` whose row `r` `row(r, buf)` writes into `buf` (`k` f32).
     pub fn from_rows(n: usize, k: usize, row: impl Fn(usize, &mut [f32]) + Sync) -> Self {
+        Self::from_rows_smoothed(n, k, row, None)
+    }
+
+    /// As [`PackedInt8::from_rows`], with the weights smoothed by `smooth` (`f[k]`, `k` positive finite
+    /// factors; see the module documentation).
+    pub fn from_rows_smoothed(
+        n: usize,
+        k: usize,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+        smooth: Option<&[f32]>,
+    ) -> Self {
+        if let Some(f) = smooth {
+            assert_eq!(f.len(), k, "int8 smoothing: one factor per input");
+            assert!(
+                f.iter().all(|x| x.is_finite() && *x > 0.0),
+                "int8 smoothing: factors must be positive and finite"
+            );
+        }
         assert!(
             k < K_MAX,
             "int8 GEMM: {k} inputs could overflow the i32 sums"
@@ -104,6 +134,11 @@ impl PackedInt8 {
                         break;
                     }
                     row(r, &mut wrow);
+                    if let Some(f) = smooth {
+                        for (w, f) in wrow.iter_mut().zip(f) {
+                            *w *= f;
+                        }
+                    }
                     sc[j] = quantize_weight_row(&wrow, &mut qrow);
                     ws[j] = qrow.iter().map(|&x| x as i32).sum();
                     for (kk, &q) in qrow.iter().enumerate() {
@@ -118,7 +153,86 @@ impl PackedInt8 {
             data,
             scale,
             wsum,
+            unsmooth: smooth.map(|f| f.iter().map(|x| 1.0 / x).collect()),
+            factors: smooth.map(<[f32]>::to_vec),
         }
+    }
+
+    /// Pack already quantised weights: `q` row-major `[n, k]` in `[−127, 127]`, one scale per output,
+    /// and the smoothing factors `f[k]` they were quantised with, if any (the stored int8 form).
+    pub fn from_quantised(
+        n: usize,
+        k: usize,
+        q: &[i8],
+        scale: &[f32],
+        smooth: Option<&[f32]>,
+    ) -> Result<Self, String> {
+        if q.len() != n * k || scale.len() != n || smooth.is_some_and(|f| f.len() != k) {
+            return Err(format!("int8 form: sizes do not match [{n}, {k}]"));
+        }
+        if q.contains(&i8::MIN) {
+            return Err("int8 form: −128 is outside the symmetric range".into());
+        }
+        if !scale.iter().all(|s| s.is_finite() && *s >= 0.0) {
+            return Err("int8 form: a scale is negative or not finite".into());
+        }
+        if smooth.is_some_and(|f| !f.iter().all(|x| x.is_finite() && *x > 0.0)) {
+            return Err("int8 form: a smoothing factor is not positive and finite".into());
+        }
+        if k >= K_MAX {
+            return Err(format!("int8 form: {k} inputs could overflow the i32 sums"));
+        }
+        let kg = k.div_ceil(G);
+        let panels = n.div_ceil(NR);
+        let panel_len = kg * NR * G;
+        let mut data = AlignedBuf::<i8>::zeroed(panels * panel_len);
+        let mut sc = vec![0f32; panels * NR];
+        let mut wsum = vec![0i32; panels * NR];
+        data.par_chunks_mut(panel_len.max(1))
+            .enumerate()
+            .for_each(|(p, chunk)| {
+                for j in 0..NR.min(n - p * NR) {
+                    let row = &q[(p * NR + j) * k..(p * NR + j + 1) * k];
+                    for (kk, &v) in row.iter().enumerate() {
+                        chunk[(kk / G) * NR * G + j * G + kk % G] = v;
+                    }
+                }
+            });
+        for r in 0..n {
+            sc[r] = scale[r];
+            wsum[r] = q[r * k..(r + 1) * k].iter().map(|&x| x as i32).sum();
+        }
+        Ok(PackedInt8 {
+            n,
+            k,
+            kg,
+            data,
+            scale: sc,
+            wsum,
+            unsmooth: smooth.map(|f| f.iter().map(|x| 1.0 / x).collect()),
+            factors: smooth.map(<[f32]>::to_vec),
+        })
+    }
+
+    /// The quantised weights row-major `[n, k]` (the stored int8 form).
+    pub fn q_rows(&self) -> Vec<i8> {
+        let mut out = vec![0i8; self.n * self.k];
+        for (r, row) in out.chunks_mut(self.k.max(1)).enumerate().take(self.n) {
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = self.q(r, c);
+            }
+        }
+        out
+    }
+
+    /// The scales `s_w`, one per output.
+    pub fn scales(&self) -> &[f32] {
+        &self.scale[..self.n]
+    }
+
+    /// The smoothing factors `f[k]` the weights were quantised with, if any.
+    pub fn smooth_factors(&self) -> Option<&[f32]> {
+        self.factors.as_deref()
     }
 
     /// Quantise a row-major `[n, k]` f32 matrix.
@@ -127,13 +241,23 @@ impl PackedInt8 {
         Self::from_rows(n, k, |r, out| out.copy_from_slice(&w[r * k..(r + 1) * k]))
     }
 
-    /// Quantise a packed BF16/F32 matrix (what the loader built).
-    pub fn from_packed(w: &PackedMatrix) -> Self {
-        Self::from_rows(w.n(), w.k(), |r, out| {
-            for (c, o) in out.iter_mut().enumerate() {
-                *o = w.get(r, c);
-            }
-        })
+    /// Quantise a packed BF16/F32 matrix (what the loader built), optionally smoothed.
+    pub fn from_packed(w: &PackedMatrix, smooth: Option<&[f32]>) -> Self {
+        Self::from_rows_smoothed(
+            w.n(),
+            w.k(),
+            |r, out| {
+                for (c, o) in out.iter_mut().enumerate() {
+                    *o = w.get(r, c);
+                }
+            },
+            smooth,
+        )
+    }
+
+    /// The activation multipliers `1 / f[k]`, if the weights were smoothed.
+    pub fn unsmooth(&self) -> Option<&[f32]> {
+        self.unsmooth.as_deref()
     }
 
     /// Output rows.
@@ -146,9 +270,12 @@ impl PackedInt8 {
         self.k
     }
 
-    /// Bytes of storage (weights, scales, sums).
+    /// Bytes of storage (weights, scales, sums, smoothing).
     pub fn bytes(&self) -> usize {
-        self.data.len() + 4 * (self.scale.len() + self.wsum.len())
+        self.data.len()
+            + 4 * (self.scale.len()
+                + self.wsum.len()
+                + 2 * self.unsmooth.as_ref().map_or(0, Vec::len))
     }
 
     /// The quantised weight `q_w[row, col]`.
@@ -169,20 +296,46 @@ impl PackedInt8 {
 }
 
 /// Quantise one activation row (`x.len()` inputs) into `q` (at least that long): returns `s_a`. With
-/// `shift`, stores `q_a + 128` as u8 bits (the VNNI operand), else `q_a` as i8 bits.
-pub fn quantize_row(x: &[f32], q: &mut [u8], shift: bool) -> f32 {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+/// `shift`, stores `q_a + 128` as u8 bits (the VNNI operand), else `q_a` as i8 bits. With `unsmooth`
+/// (one multiplier per input), the row quantised is `x[k] · unsmooth[k]`.
+pub fn quantize_row(x: &[f32], unsmooth: Option<&[f32]>, q: &mut [u8], shift: bool) -> f32 {
+    let at = |k: usize| match unsmooth {
+        Some(u) => x[k] * u[k],
+        None => x[k],
+    };
+    let amax = (0..x.len()).fold(0f32, |m, k| m.max(at(k).abs()));
     let off = if shift { 128i32 } else { 0 };
     if amax == 0.0 || !amax.is_finite() {
         q[..x.len()].fill(off as u8);
         return if amax == 0.0 { 0.0 } else { f32::NAN };
     }
     let inv = 127.0 / amax;
-    for (d, v) in q.iter_mut().zip(x) {
-        let qi = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
+    for (k, d) in q[..x.len()].iter_mut().enumerate() {
+        let qi = (at(k) * inv).round_ties_even().clamp(-127.0, 127.0) as i32;
         *d = (qi + off) as u8;
     }
     amax / 127.0
+}
+
+/// SmoothQuant's per-input factors `f[k] = amax_x[k]^α / amax_w[k]^(1−α)`: with `α = 0.5` the largest
+/// magnitudes of activation column `k` and weight column `k` become equal, so an outlier channel no longer
+/// sets the scale of every other channel of its token. `act_amax` is the largest `|x[k]|` seen on the
+/// calibration rows, `weight_amax` the largest `|W[j,k]|` over outputs `j`. A channel with no signal on
+/// either side (zero, or not finite) keeps `f = 1`.
+pub fn smoothing_factors(act_amax: &[f32], weight_amax: &[f32], alpha: f32) -> Vec<f32> {
+    assert_eq!(act_amax.len(), weight_amax.len(), "one statistic per input");
+    act_amax
+        .iter()
+        .zip(weight_amax)
+        .map(|(&a, &w)| {
+            let f = a.powf(alpha) / w.powf(1.0 - alpha);
+            if a > 0.0 && w > 0.0 && f.is_finite() && f > 0.0 {
+                f
+            } else {
+                1.0
+            }
+        })
+        .collect()
 }
 
 /// Which integer product the kernels use.
@@ -237,7 +390,6 @@ thread_local! {
 
 /// `C[i, j] = Σ_k A[i, k] · W[j, k]` through int8, for `i < m`, `j < w.n()`; strides as in
 /// [`super::gemm`].
-#[allow(clippy::too_many_arguments)]
 pub fn gemm_int8(
     kern: Kernels,
     m: usize,
@@ -273,26 +425,37 @@ pub fn gemm_int8(
             .enumerate()
             .for_each(|(i, (row, s))| {
                 *s = super::wide(kern, || {
-                    quantize_row(&a[i * lda..i * lda + k], row, path.shift())
+                    quantize_row(&a[i * lda..i * lda + k], w.unsmooth(), row, path.shift())
                 });
             });
-        run_panels(kern, path, m, &qa, lq, &sa, w, c, ldc);
+        let rows = QuantisedRows {
+            m,
+            q: &qa,
+            stride: lq,
+            scale: &sa,
+        };
+        run_panels(kern, path, &rows, w, c, ldc);
         *s.borrow_mut() = (qa, sa);
     });
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The activations of one call, quantised: `m` rows of `stride` bytes and their scales `s_a`.
+struct QuantisedRows<'a> {
+    m: usize,
+    q: &'a [u8],
+    stride: usize,
+    scale: &'a [f32],
+}
+
 fn run_panels(
     kern: Kernels,
     path: Path,
-    m: usize,
-    qa: &[u8],
-    lq: usize,
-    sa: &[f32],
+    rows_in: &QuantisedRows<'_>,
     w: &PackedInt8,
     c: &mut [f32],
     ldc: usize,
 ) {
+    let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
     let (n, kg) = (w.n, w.kg);
     let cp = SendPtr(c.as_mut_ptr());
     let mr = path.rows();
@@ -429,7 +592,7 @@ mod tests {
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             let mut q = vec![0u8; k];
-            let s = quantize_row(&a[i * lda..i * lda + k], &mut q, false);
+            let s = quantize_row(&a[i * lda..i * lda + k], w.unsmooth(), &mut q, false);
             for j in 0..n {
                 let v: i64 = (0..k).map(|c| q[c] as i8 as i64 * w.q(j, c) as i64).sum();
                 out[i * n + j] = (v as i32 as f32 * w.scale(j)) * s;
@@ -579,6 +742,67 @@ mod tests {
         // Uniform values: each side's rounding error is ~1/(127·√12) of its range → ≈ 1 % combined.
         assert!(rel < 0.02, "relative error {rel}");
         assert!(rel > 1e-4, "int8 cannot be this exact: {rel}");
+    }
+
+    /// Smoothed weights: every path still bit-equal to the definition, and on activations with outlier
+    /// channels (the case smoothing exists for) the error against the f32 product drops.
+    #[test]
+    fn smoothing_is_bit_equal_on_every_path_and_tames_outlier_channels() {
+        let (m, n, k) = (11, 70, 130);
+        let mut seed = 3;
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| lcg(&mut seed) * if i % k % 17 == 3 { 60.0 } else { 1.0 })
+            .collect();
+        let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+        let act: Vec<f32> = (0..k)
+            .map(|c| (0..m).fold(0f32, |mx, i| mx.max(a[i * k + c].abs())))
+            .collect();
+        let wmax: Vec<f32> = (0..k)
+            .map(|c| (0..n).fold(0f32, |mx, j| mx.max(wv[j * k + c].abs())))
+            .collect();
+        let f = smoothing_factors(&act, &wmax, 0.5);
+        let plain = PackedInt8::from_f32(n, k, &wv);
+        let smooth = PackedInt8::from_rows_smoothed(
+            n,
+            k,
+            |r, o| o.copy_from_slice(&wv[r * k..(r + 1) * k]),
+            Some(&f),
+        );
+        let want = naive(m, &a, k, &smooth);
+        let rel = |c: &[f32]| {
+            let (mut num, mut den) = (0f64, 0f64);
+            for i in 0..m {
+                for j in 0..n {
+                    let e: f64 = (0..k)
+                        .map(|t| a[i * k + t] as f64 * wv[j * k + t] as f64)
+                        .sum();
+                    num += (c[i * n + j] as f64 - e).powi(2);
+                    den += e * e;
+                }
+            }
+            (num / den).sqrt()
+        };
+        for (kern, path) in paths() {
+            let mut c = vec![0f32; m * n];
+            gemm_int8(kern, m, &a, k, &smooth, &mut c, n);
+            assert_eq!(
+                c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{kern:?} {path:?}"
+            );
+        }
+        let mut c = vec![0f32; m * n];
+        gemm_int8(Kernels::detect(), m, &a, k, &plain, &mut c, n);
+        let (e_plain, e_smooth) = (rel(&c), rel(&want));
+        assert!(
+            e_smooth < 0.5 * e_plain,
+            "smoothed {e_smooth:.4} vs plain {e_plain:.4}"
+        );
+        assert_eq!(
+            smoothing_factors(&[0.0, 4.0], &[1.0, 0.0], 0.5),
+            vec![1.0, 1.0]
+        );
+        assert_eq!(smoothing_factors(&[4.0], &[1.0], 0.5), vec![2.0]);
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub struct PackedMatrix {
     store: Store,
     /// The int8 arm's form of the same weights, quantised on first use.
     int8: std::sync::OnceLock<super::int8::PackedInt8>,
+    /// The float storage was dropped for the int8 form ([`PackedMatrix::drop_float`]).
+    float_dropped: bool,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -192,6 +194,7 @@ impl PackedMatrix {
             kp,
             store,
             int8: std::sync::OnceLock::new(),
+            float_dropped: false,
         }
     }
 
@@ -242,7 +245,41 @@ impl PackedMatrix {
     /// The weights quantised for the int8 arm (built on the first call, then kept).
     pub fn int8(&self) -> &super::int8::PackedInt8 {
         self.int8
-            .get_or_init(|| super::int8::PackedInt8::from_packed(self))
+            .get_or_init(|| super::int8::PackedInt8::from_packed(self, None))
+    }
+
+    /// Install an int8 form built otherwise (smoothed, or stored): only before the first int8 use.
+    /// Returns whether it was installed.
+    pub fn set_int8(&self, q: super::int8::PackedInt8) -> bool {
+        assert_eq!(
+            (q.n(), q.k()),
+            (self.n, self.k),
+            "int8 form of another shape"
+        );
+        self.int8.set(q).is_ok()
+    }
+
+    /// The int8 form, if it has been built.
+    pub fn int8_built(&self) -> Option<&super::int8::PackedInt8> {
+        self.int8.get()
+    }
+
+    /// Free the BF16/F32 storage, keeping the int8 form (which must be built): afterwards only the int8
+    /// arm may use this matrix. Returns the bytes freed.
+    pub fn drop_float(&mut self) -> usize {
+        assert!(self.int8.get().is_some(), "drop_float without an int8 form");
+        let freed = self.bytes();
+        self.store = match self.store {
+            Store::Bf16(_) => Store::Bf16(AlignedBuf::zeroed(0)),
+            Store::F32(_) => Store::F32(AlignedBuf::zeroed(0)),
+        };
+        self.float_dropped = true;
+        freed
+    }
+
+    /// Whether [`PackedMatrix::drop_float`] ran.
+    pub fn float_dropped(&self) -> bool {
+        self.float_dropped
     }
 
     /// Bytes of the int8 form, if it has been built.
