@@ -383,10 +383,8 @@ fn the_readme_example_answers_sensibly() {
         let team = answers["team"]["choice"].as_str().unwrap();
         let anger = answers["anger"]["score"].as_f64().unwrap();
         eprintln!("README example, {label}: refund {refund}, team {team}, anger {anger}");
-        // Issue 14 asks for p(yes) ≥ 0.9; this kev-mini reaches 0.882 on the reference arm, so that bar is
-        // NOT met (the issue stays open until a retrain reaches it). The test holds the committed release to
-        // what it achieves, so a regression (a random network answers 0.0001) still fails.
-        assert!(refund >= 0.85, "{label}: refund p(yes) {refund} < 0.85");
+        // Issue 14's bar (a random network answers 0.0001).
+        assert!(refund >= 0.9, "{label}: refund p(yes) {refund} < 0.9");
         assert_eq!(team, "Billing", "{label}");
         assert!(
             anger >= 1.0,

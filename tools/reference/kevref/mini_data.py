@@ -45,6 +45,8 @@ ISSUES = {
         "I see a duplicate charge on my {m} invoice",
         "I was charged twice for order #{n}",
         "the {m} invoice was paid twice from my card",
+        "I got charged two times for my {m} plan",
+        "there are two charges for order #{n} on my statement",
     ]),
     "billing_wrong": ("Billing", [
         "my {m} invoice shows the wrong amount",
@@ -90,6 +92,10 @@ REFUND_CLAUSES = [
     ("so please refund the extra charge", True, 0),
     ("and I am still waiting for my refund", True, 1),
     ("and I need the money returned to my card", True, 0),
+    ("and I still have not received my refund", True, 1),
+    ("and the money has not come back yet", True, 1),
+    ("so I want a refund", True, 0),
+    ("and the refund is still missing", True, 1),
 ]
 OTHER_CLAUSES = [
     ("", False, 0),
@@ -161,11 +167,16 @@ TICKET_TEMPLATES = {
     "t-nested": lambda p, r: {"ticket": {"channel": r.choice(["email", "chat", "phone"]),
                                          "text": _join(p["greet"], _sentence(p)[:1].lower() + _sentence(p)[1:],
                                                        p["emotion"], p["sign"])}},
+    "t-email": lambda p, r: p["greet"] + "\n\n" + _join(_sentence(p), p["emotion"]) + "\n\n" + (p["sign"] or "Thanks"),
+    "t-form": lambda p, r: f"Name: {r.choice(['Anna', 'Tom', 'Maria', 'Sam'])}\nOrder: #{r.randrange(1000, 9999)}\n"
+                           + "Message: " + _join(_sentence(p), p["emotion"]),
+    "t-message": lambda p, r: {"message": _join(p["greet"], _sentence(p), p["emotion"]),
+                               "source": r.choice(["web", "app", "email"])},
     "t-transcript": lambda p, r: "Customer: " + _join(p["greet"], _sentence(p)) + "\nAgent: Sorry to hear that."
                                  + ("\nCustomer: " + p["emotion"] if p["emotion"] else ""),
 }
 TICKET_SPLIT = {"t-greet": "train", "t-plain-sign": "train", "t-subject": "train", "t-json": "train",
-                "t-array": "train", "t-emotion-first": "dev", "t-nested": "test", "t-transcript": "test"}
+                "t-array": "train", "t-email": "train", "t-form": "train", "t-message": "train", "t-emotion-first": "dev", "t-nested": "test", "t-transcript": "test"}
 
 
 def ticket(rng: random.Random, template: str) -> tuple[object, dict, dict]:
@@ -221,9 +232,12 @@ REVIEW_TEMPLATES = {
     "r-stars-missing": lambda prod, ph, r: f"{_cap(ph)}. That is all I can say about this {prod}.",
     "r-list": lambda prod, ph, r: [f"Product: {prod}", f"Comment: {_cap(ph)}."],
     "r-dialog": lambda prod, ph, r: f"Q: What do you think of the {prod}?\nA: Honestly, {ph}.",
+    "r-quote": lambda prod, ph, r: f"\"{_cap(ph)}\", a customer wrote about the {prod}.",
+    "r-mail": lambda prod, ph, r: f"Hello, about the {prod} I ordered: {ph}.",
     "r-nested": lambda prod, ph, r: {"review": {"item": {"name": prod}, "text": f"My {prod}: {ph}."}},
 }
-REVIEW_SPLIT = {"r-plain": "train", "r-title": "train", "r-json": "train", "r-list": "train",
+REVIEW_SPLIT = {"r-plain": "train", "r-title": "train", "r-json": "train", "r-list": "train", "r-quote": "train",
+                "r-mail": "train",
                 "r-stars-missing": "dev", "r-dialog": "test", "r-nested": "test"}
 
 
@@ -278,9 +292,12 @@ ROUTE_TEMPLATES = {
     "ro-urgent": lambda kw, r: f"Quick question: {kw}?",
     "ro-forward": lambda kw, r: f"Forwarding this from a colleague: \"{_cap(kw)}.\" Who owns it?",
     "ro-chat": lambda kw, r: ["User: hi", f"User: {kw}", "Bot: Let me find the right team."],
+    "ro-help": lambda kw, r: f"I need help: {kw}.",
+    "ro-subject": lambda kw, r: {"subject": "Question", "body": _cap(kw) + ". Thanks."},
     "ro-memo": lambda kw, r: f"Note for the desk - caller says {kw}; please pass it on.",
 }
-ROUTE_SPLIT = {"ro-hello": "train", "ro-short": "train", "ro-json": "train", "ro-urgent": "train",
+ROUTE_SPLIT = {"ro-hello": "train", "ro-short": "train", "ro-json": "train", "ro-urgent": "train", "ro-help": "train",
+               "ro-subject": "train",
                "ro-forward": "dev", "ro-chat": "test", "ro-memo": "test"}
 
 
@@ -315,8 +332,9 @@ JSON_TEMPLATES = {
     "j-status": ("paid", "verified", "cart", "balance", "status"),
     "j-deep": ("settled", "confirmed", "entries", "amount_due", "deep"),
     "j-array-first": ("paid", "verified", "items", "balance", "array"),
+    "j-buyer-first": ("has_paid", "is_verified", "basket", "balance", "buyer"),
 }
-JSON_SPLIT = {"j-order": "train", "j-flat": "train", "j-payment": "train", "j-list": "train",
+JSON_SPLIT = {"j-order": "train", "j-flat": "train", "j-payment": "train", "j-list": "train", "j-buyer-first": "train",
               "j-status": "dev", "j-deep": "test", "j-array-first": "test"}
 JSON_QUESTIONS = {
     "paid": ["Has the order been paid?", "Is the payment complete?"],
@@ -342,6 +360,8 @@ def json_check(rng: random.Random, template: str):
         state = [order, customer]
     elif wrap == "status":
         state = {"status": {"order": order, "customer": customer}, "updated": "2024-05-01"}
+    elif wrap == "buyer":
+        state = {"buyer": customer, "order": order}
     elif wrap == "deep":
         state = {"data": {"record": {"order": order}, "person": customer}}
     else:
@@ -373,8 +393,9 @@ URGENCY_TEMPLATES = {
     "u-mail": lambda task, ph, r: f"Hi team,\n{_cap(ph)}: {task}.\nThanks",
     "u-ticket": lambda task, ph, r: {"ticket": {"summary": task, "note": _cap(ph)}},
     "u-slack": lambda task, ph, r: f"@here {task} - {ph}",
+    "u-form": lambda task, ph, r: f"Request: {task}\nDeadline: {ph}",
 }
-URGENCY_SPLIT = {"u-plain": "train", "u-json": "train", "u-note": "train", "u-list": "train",
+URGENCY_SPLIT = {"u-plain": "train", "u-json": "train", "u-note": "train", "u-list": "train", "u-form": "train",
                  "u-mail": "dev", "u-ticket": "test", "u-slack": "test"}
 TASKS = ["fix the login page", "restart the payment server", "update the price list", "reply to the customer",
          "check the broken report", "send the invoice", "renew the certificate"]
@@ -396,7 +417,7 @@ FAMILIES = {
     "json": (json_check, JSON_SPLIT, 0.15),
     "urgency": (urgency, URGENCY_SPLIT, 0.15),
 }
-SIZES = {"train": 1400, "dev": 160, "test": 200}
+SIZES = {"train": 1400, "dev": 160, "test": 600}
 
 
 def generate(seed: int = 14, sizes: dict | None = None) -> dict[str, list[dict]]:
