@@ -147,7 +147,9 @@ mod tests {
             Some(1)
         );
         assert_eq!(
-            question_count(br#"{"questions": {"a": 1, "b": 2}, "questions": {"c": [1, {"d": 2}]}}"#),
+            question_count(
+                br#"{"questions": {"a": 1, "b": 2}, "questions": {"c": [1, {"d": 2}]}}"#
+            ),
             Some(1)
         );
         assert_eq!(question_count(br#"{"questions": {}}"#), Some(0));
@@ -168,7 +170,12 @@ mod tests {
             b"\xef\xbb\xbf{\"questions\": {}}",
             b"",
         ] {
-            assert_eq!(question_count(body), None, "{}", String::from_utf8_lossy(body));
+            assert_eq!(
+                question_count(body),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 }
