@@ -128,6 +128,7 @@ pub fn admit(
     if !date_facts {
         return kev.admit(body);
     }
+    kev.precheck(body)?;
     let request = kev_contract::parse_request(body).map_err(|e| kev_decide::Refusal {
         status: e.status(),
         body: e.body(),

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod calibrate;
 pub mod head;
 pub mod load;
+pub mod prescan;
 pub mod rows;
 pub mod service;
 pub mod task;

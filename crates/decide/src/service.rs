@@ -272,8 +272,10 @@ impl<B: Backend> Kev<B> {
             body: e.body(),
             over: None,
         };
+        self.precheck(body)?;
         let value = kev_contract::parse_body(body).map_err(refuse)?;
-        // The question cap before validation, which renders every question.
+        // The question cap before validation, which renders every question (again here for the bodies
+        // the pre-scan leaves to the full reader).
         let caps = &self.settings.caps;
         if let Some(n) = value
             .get("questions")
@@ -289,6 +291,21 @@ impl<B: Backend> Kev<B> {
         }
         let request = kev_contract::validate(value).map_err(refuse)?;
         self.admit_request(request)
+    }
+
+    /// Refuse a body over the question cap before it is parsed in full (413): a cheap scan counts its
+    /// questions as the full reader would (see [`crate::prescan`]). Bodies the scan cannot read pass; the
+    /// full reader and [`Kev::admit_request`] judge them.
+    pub fn precheck(&self, body: &[u8]) -> Result<(), Refusal> {
+        let cap = self.settings.caps.max_questions;
+        match crate::prescan::question_count(body) {
+            Some(n) if n > cap => Err(Refusal::over(OverCap {
+                field: "questions",
+                bound: cap,
+                value: n,
+            })),
+            _ => Ok(()),
+        }
     }
 
     /// Compile an already validated request: the question and option caps first (nothing tokenized yet),

@@ -58,6 +58,7 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
                         .expose_headers([REQUEST_ID, HeaderName::from_static("server-timing")]),
                 )
                 .layer(middleware::map_response(jsonify_errors))
+                .layer(middleware::from_fn(crate::head::check))
                 // Dropping the handler at the timeout drops its ticket: the engine stops the request
                 // before its next pass.
                 .layer(TimeoutLayer::with_status_code(

@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod head;
 mod http;
 mod metrics_setup;
 pub mod pyrandom;
@@ -295,6 +296,8 @@ async fn accept_loop<D: Decider>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(app.config.header_read_timeout)
+        // Above our own limit (`head::check`), which answers with a JSON body where hyper's answer has none.
+        .max_headers(head::HYPER_MAX_HEADERS)
         .keep_alive(true);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(tokio::sync::Semaphore::new(

@@ -401,6 +401,15 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
             }
         };
         let took = started.elapsed();
+        // Per pass, at debug level: what ran and how long it took (`KEV_LOG=kev_server=debug`), the
+        // first thing to read when a short request's latency beside long work is off.
+        tracing::debug!(
+            took_ms = took.as_secs_f64() * 1e3,
+            grants = ?plan.grants.iter().map(|&(i, t)| (jobs[i].seq, t)).collect::<Vec<_>>(),
+            partial = ?plan.partial.map(|i| jobs[i].seq),
+            waiting = jobs.len() - plan.grants.len(),
+            "pass"
+        );
         stats.passes.fetch_add(1, Ordering::Relaxed);
         if plan.partial.is_some() {
             stats.partial_pieces.fetch_add(1, Ordering::Relaxed);

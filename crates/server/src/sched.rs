@@ -6,7 +6,9 @@
 //!   gets its whole current phase (its state prefix, or all its question rows) while that fits the budget.
 //! - A phase that does not fit (a long state, or very many questions) advances by a **partial piece**:
 //!   one per pass, and only in a pass that carries no short work, so short requests never wait behind it
-//!   for more than one piece. The decider cuts a state prefix at multiples of 64 tokens, so the answers
+//!   for more than one piece. A request once cut stays cut to its end (every later piece sized by time,
+//!   the rows after its state too), even when what it has left fits the budget: tokens deep in a long
+//!   state cost far more than the budget's count suggests. The decider cuts a state prefix at multiples of 64 tokens, so the answers
 //!   stay bit-equal to an uninterrupted run.
 //! - A piece is sized by **time**: about as long as the recent short-only passes took (the request's own
 //!   measured tokens per second × that time), at least one unit (64 state tokens or one row), at most the
@@ -87,7 +89,12 @@ pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Pl
         if opens_long && long_started >= policy.long_in_flight {
             continue;
         }
-        if c.need.phase <= budget {
+        // A request already cut into pieces stays cut to its end, even once what is left fits the token
+        // budget: its tokens lie deep in a long state, where each costs far more than a short request's
+        // (attention over the whole prefix before it, one row with no batch to spread over), so a token
+        // count says nothing about its time. Taking the last ~`pass_tokens` of a long state whole was
+        // one multi-second pass that every short request arriving meanwhile waited for.
+        if c.need.phase <= budget && c.rate.is_none() {
             out.grants.push((i, c.need.phase));
             budget -= c.need.phase;
             whole_any = true;
@@ -106,7 +113,10 @@ pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Pl
                 Some(rate) => (rate * target.as_secs_f64()) as usize,
                 None => c.need.unit,
             };
-            let grant = timed.min(budget.max(c.need.unit)).max(c.need.unit);
+            let grant = timed
+                .min(budget.max(c.need.unit))
+                .min(c.need.phase)
+                .max(c.need.unit);
             out.grants.push((i, grant));
             out.partial = Some(i);
             budget = budget.saturating_sub(grant);
@@ -180,6 +190,31 @@ mod tests {
         long.rate = Some(10.0);
         let p = plan(&[long], &P, Some(Duration::from_millis(20)));
         assert_eq!(p.grants, vec![(0, 64)]);
+    }
+
+    #[test]
+    fn a_long_state_cut_into_pieces_stays_cut_when_the_rest_fits_the_budget() {
+        // Started as a long state, measured at 10,000 tokens/s: its last 900 prefix tokens (and then its
+        // question rows) fit the 1,000-token budget but still go in 20 ms pieces, never beside short work.
+        let mut long = c(900, 950, 0);
+        long.started = true;
+        long.rate = Some(10_000.0);
+        let slice = Some(Duration::from_millis(20));
+        let p = plan(&[long], &P, slice);
+        assert_eq!(p.grants, vec![(0, 200)]);
+        assert_eq!(p.partial, Some(0));
+        let p = plan(&[long, c(100, 100, 1)], &P, slice);
+        assert_eq!(p.grants, vec![(1, 100)]);
+        let mut rows = c(50, 50, 0);
+        rows.started = true;
+        rows.rate = Some(10_000.0);
+        let p = plan(&[rows], &P, slice);
+        assert_eq!(p.grants, vec![(0, 50)]);
+        assert_eq!(p.partial, Some(0));
+        // A request never cut (no rate) still goes whole when it fits.
+        let p = plan(&[c(900, 950, 0)], &P, slice);
+        assert_eq!(p.grants, vec![(0, 900)]);
+        assert_eq!(p.partial, None);
     }
 
     #[test]
