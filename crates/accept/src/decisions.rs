@@ -232,7 +232,9 @@ fn admit_all(kev: &Kev<CpuBackend>, set: &RequestSet) -> Result<Vec<Job>, String
             kev.admit(&r.body).map_err(|refusal| {
                 format!(
                     "request {} was refused ({}): {}",
-                    r.name, refusal.status, refusal.body
+                    r.name,
+                    refusal.status(),
+                    refusal.body()
                 )
             })
         })
@@ -283,7 +285,7 @@ fn run_jobs(
         for (result, name) in kev.run(&refs).into_iter().zip(chunk_names) {
             let d = result.map_err(|e| format!("request {name}: {e}"))?;
             probs.push(d.probabilities);
-            bodies.push(d.body);
+            bodies.push(d.body());
         }
     }
     if probs.len() != jobs.len() {

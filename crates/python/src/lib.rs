@@ -45,10 +45,8 @@ fn text(v: &Value) -> String {
 
 /// What `kev decide` writes for a failure of ours on an accepted request.
 fn internal(e: &kev_decide::DecideError) -> Answer {
-    (
-        500,
-        text(&json!({"detail": {"error_type": "api_error", "message": e.to_string()}})),
-    )
+    use kev_contract::WireError;
+    (e.kind().status(), text(&e.error_body().to_value()))
 }
 
 #[pymethods]
@@ -171,7 +169,7 @@ impl Engine {
     fn answer(&self, bodies: &[Vec<u8>]) -> Vec<Answer> {
         let admitted: Vec<Result<Job, Answer>> = bodies
             .iter()
-            .map(|b| self.kev.admit(b).map_err(|r| (r.status, text(&r.body))))
+            .map(|b| self.kev.admit(b).map_err(|r| (r.status(), text(&r.body()))))
             .collect();
         let jobs: Vec<&Job> = admitted.iter().filter_map(|a| a.as_ref().ok()).collect();
         let budget = self.kev.settings().pass_tokens;
@@ -193,14 +191,9 @@ impl Engine {
             .map(|a| match a {
                 Err(refused) => refused,
                 Ok(_) => match results.next() {
-                    Some(Ok(decision)) => (200, text(&decision.body)),
+                    Some(Ok(decision)) => (200, text(&decision.body())),
                     Some(Err(e)) => internal(&e),
-                    None => (
-                        500,
-                        text(
-                            &json!({"detail": {"error_type": "api_error", "message": "no result"}}),
-                        ),
-                    ),
+                    None => internal(&kev_decide::DecideError::Unanswered("no result")),
                 },
             })
             .collect()
