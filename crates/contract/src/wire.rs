@@ -11,11 +11,11 @@ use serde_json::Value;
 
 use crate::response::Usage;
 
-/// `POST /v1/systemone`: a state and typed questions about it.
+/// `POST /v1/systemone`: a state and typed questions about it (other fields are ignored, as Kev 1.0 ignores
+/// them).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(as = Request))]
-#[serde(deny_unknown_fields)]
 pub struct Request {
     /// Echoed in the response; any string is accepted (default `kev-latest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,10 +28,10 @@ pub struct Request {
     pub questions: BTreeMap<String, Question>,
 }
 
-/// A question about the state.
+/// A question about the state (other fields are ignored, as Kev 1.0 ignores them).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(tag = "type", rename_all = "lowercase")]
 pub enum Question {
     /// Yes or no: the probability of `true`.
     Noul {
