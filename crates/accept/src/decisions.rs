@@ -284,8 +284,8 @@ fn run_jobs(
         let refs: Vec<&Job> = chunk.iter().collect();
         for (result, name) in kev.run(&refs).into_iter().zip(chunk_names) {
             let d = result.map_err(|e| format!("request {name}: {e}"))?;
-            probs.push(d.probabilities);
             bodies.push(d.body());
+            probs.push(d.probabilities);
         }
     }
     if probs.len() != jobs.len() {
