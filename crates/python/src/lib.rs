@@ -13,7 +13,7 @@ use kev_engine::{Arm, CpuBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// The model names `/v1/models` lists first; `info` is that card.
 const CARD_NAME: &str = "kev-latest";

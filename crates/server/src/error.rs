@@ -18,7 +18,8 @@ pub struct ApiError {
     kind: ErrorKind,
     /// Set only for statuses the table does not hold (a layer's own answer, passed through).
     status: Option<StatusCode>,
-    body: ErrorBody,
+    // Boxed: `Result<_, ApiError>` is returned on every path, and the body is the bulk of an error.
+    body: Box<ErrorBody>,
     retry_after: Option<u64>,
     request_id: Option<String>,
 }
@@ -44,7 +45,7 @@ impl ApiError {
         ApiError {
             kind,
             status: None,
-            body,
+            body: Box::new(body),
             retry_after: None,
             request_id: None,
         }
@@ -178,7 +179,7 @@ impl ApiError {
 
     /// A validation error re-rooted under `key` (`["body", key, …]`), for a request nested in an envelope.
     pub fn under(mut self, key: &str) -> Self {
-        if let ErrorBody::Validation(items) = &mut self.body {
+        if let ErrorBody::Validation(items) = &mut *self.body {
             for item in items {
                 if matches!(item.loc.first(), Some(LocItem::Key(k)) if k == "body") {
                     item.loc.insert(1, LocItem::Key(key.to_owned()));
