@@ -232,7 +232,9 @@ fn admit_all(kev: &Kev<CpuBackend>, set: &RequestSet) -> Result<Vec<Job>, String
             kev.admit(&r.body).map_err(|refusal| {
                 format!(
                     "request {} was refused ({}): {}",
-                    r.name, refusal.status, refusal.body
+                    r.name,
+                    refusal.status(),
+                    refusal.body()
                 )
             })
         })
@@ -282,8 +284,8 @@ fn run_jobs(
         let refs: Vec<&Job> = chunk.iter().collect();
         for (result, name) in kev.run(&refs).into_iter().zip(chunk_names) {
             let d = result.map_err(|e| format!("request {name}: {e}"))?;
+            bodies.push(d.body());
             probs.push(d.probabilities);
-            bodies.push(d.body);
         }
     }
     if probs.len() != jobs.len() {

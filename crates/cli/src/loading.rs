@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use kev_decide::{Caps, LoadSpec, ModelInfo, Settings, Source, WeightForm};
+use kev_decide::{Caps, LoadSpec, ModelInfo, Settings, Source};
 use kev_engine::CpuBackend;
 use kev_tokenize::Limits;
 
@@ -79,10 +79,6 @@ impl ModelArgs {
     /// The load specification these flags name.
     pub fn load_spec(&self, settings: Settings) -> anyhow::Result<LoadSpec> {
         self.check_device()?;
-        let form: WeightForm = self
-            .weights
-            .parse()
-            .map_err(|e: String| anyhow::anyhow!(e))?;
         let source = match (&self.model, &self.base, &self.kev) {
             (Some(dir), _, _) => Source::Prepared(dir.clone()),
             (None, Some(base), Some(kev)) => Source::Release {
@@ -95,7 +91,7 @@ impl ModelArgs {
         };
         Ok(LoadSpec {
             source,
-            form,
+            form: self.weights,
             arm: self.arm(),
             settings,
         })
@@ -129,11 +125,7 @@ pub fn admit(
         return kev.admit(body);
     }
     kev.precheck(body)?;
-    let request = kev_contract::parse_request(body).map_err(|e| kev_decide::Refusal {
-        status: e.status(),
-        body: e.body(),
-        over: None,
-    })?;
+    let request = kev_contract::parse_request(body)?;
     kev.admit_request(request.with_date_facts())
 }
 

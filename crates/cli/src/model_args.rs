@@ -1,7 +1,12 @@
 //! The flags every model-loading command shares (decide, serve, bench, accept).
 #![allow(dead_code)]
 
+use std::marker::PhantomData;
 use std::path::PathBuf;
+
+use clap::builder::{PossibleValue, TypedValueParser};
+use kev_decide::WeightForm;
+use kev_engine::Arm;
 
 /// Which model to load and how to compute with it.
 #[derive(clap::Args, Debug, Clone)]
@@ -16,12 +21,12 @@ pub struct ModelArgs {
     #[arg(long, requires = "base")]
     pub kev: Option<PathBuf>,
     /// Weight form: `merged` (LoRA merged into BF16 weights) or `exact` (LoRA kept unmerged in fp32; needs --base/--kev).
-    #[arg(long, env = "KEV_WEIGHTS", default_value = "merged", value_parser = ["merged", "exact"])]
-    pub weights: String,
+    #[arg(long, env = "KEV_WEIGHTS", default_value = "merged", value_parser = LibraryEnum::<WeightForm>::new())]
+    pub weights: WeightForm,
     /// Compute arm: `fp32`, `bf16` or `int8` (W8A8 projections; default: bf16 where the CPU has native BF16
     /// dot products, else fp32).
-    #[arg(long, env = "KEV_PRECISION", value_parser = ["fp32", "bf16", "int8"])]
-    pub precision: Option<String>,
+    #[arg(long, env = "KEV_PRECISION", value_parser = LibraryEnum::<Arm>::new())]
+    pub precision: Option<Arm>,
     /// Device: `cpu`, or `cuda[:N]` (checks the device and kernels; the CUDA backend is not enabled until it has
     /// passed its parity test on a GPU).
     #[arg(long, env = "KEV_DEVICE", default_value = "cpu")]
@@ -57,18 +62,128 @@ impl ModelArgs {
             kernels: None,
             merge_adapter: merge,
         };
-        match (&self.model, &self.base, &self.kev, self.weights.as_str()) {
-            (Some(model), _, _, "merged") => Ok((model.clone(), opts(None, false))),
+        match (&self.model, &self.base, &self.kev, self.weights) {
+            (Some(model), _, _, WeightForm::Merged) => Ok((model.clone(), opts(None, false))),
             (Some(_), _, _, _) => anyhow::bail!(
                 "--weights exact needs --base and --kev (a prepared --model holds merged weights only)"
             ),
-            (None, Some(base), Some(kev), w) => Ok((base.clone(), opts(Some(kev), w == "merged"))),
+            (None, Some(base), Some(kev), w) => {
+                Ok((base.clone(), opts(Some(kev), w == WeightForm::Merged)))
+            }
             _ => anyhow::bail!("pass --model DIR, or --base DIR --kev DIR"),
         }
     }
 
     /// The compute arm asked for, if any.
-    pub fn arm(&self) -> Option<kev_engine::Arm> {
-        self.precision.as_deref().and_then(|p| p.parse().ok())
+    pub fn arm(&self) -> Option<Arm> {
+        self.precision
+    }
+}
+
+/// A library enum the flags name: its `FromStr` is the one parser (and its error the one wording), its
+/// `name` the one spelling `--help` lists.
+pub trait Named: std::str::FromStr<Err = String> + Copy + Send + Sync + 'static {
+    /// Every value, in the order `--help` lists them.
+    const ALL: &'static [Self];
+    /// The value's name on the command line.
+    fn name(self) -> &'static str;
+}
+
+impl Named for WeightForm {
+    const ALL: &'static [Self] = &[WeightForm::Merged, WeightForm::Exact];
+    fn name(self) -> &'static str {
+        WeightForm::name(self)
+    }
+}
+
+impl Named for Arm {
+    const ALL: &'static [Self] = &[Arm::Fp32, Arm::Bf16, Arm::Int8];
+    fn name(self) -> &'static str {
+        Arm::name(self)
+    }
+}
+
+/// clap's value parser for a [`Named`] library enum.
+#[derive(Clone)]
+pub struct LibraryEnum<T>(PhantomData<T>);
+
+impl<T: Named> LibraryEnum<T> {
+    /// The parser.
+    pub fn new() -> Self {
+        LibraryEnum(PhantomData)
+    }
+}
+
+impl<T: Named> Default for LibraryEnum<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Named> TypedValueParser for LibraryEnum<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let text = value
+            .to_str()
+            .ok_or_else(|| clap::Error::new(clap::error::ErrorKind::InvalidUtf8).with_cmd(cmd))?;
+        text.parse().map_err(|message: String| {
+            let flag = arg.map(|a| a.to_string()).unwrap_or_default();
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidValue,
+                format!("{flag}: {message}\n"),
+            )
+            .with_cmd(cmd)
+        })
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            T::ALL.iter().map(|v| PossibleValue::new(v.name())),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    #[test]
+    fn weights_and_precision_parse_to_the_library_types_with_the_library_wording() {
+        let cli =
+            Cli::try_parse_from(["kev", "--weights", "exact", "--precision", "int8"]).unwrap();
+        assert_eq!(cli.model.weights, WeightForm::Exact);
+        assert_eq!(cli.model.arm(), Some(Arm::Int8));
+        let cli = Cli::try_parse_from(["kev"]).unwrap();
+        assert_eq!(cli.model.weights, WeightForm::Merged);
+        assert_eq!(cli.model.arm(), None);
+        let err = Cli::try_parse_from(["kev", "--precision", "fp16"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("unknown compute arm `fp16` (fp32, bf16, int8)"),
+            "{err}"
+        );
+        let err = Cli::try_parse_from(["kev", "--weights", "lora"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("unknown weight form `lora` (merged, exact)"),
+            "{err}"
+        );
     }
 }

@@ -1,6 +1,9 @@
-//! `ContractError`: a refused request, which already knows its HTTP status and body (kev-contract §8.5).
+//! `ContractError`: a refused request, with the FastAPI body Kev sends; its status comes from the status table
+//! ([`crate::problem`], kev-contract §8.5).
 
 use serde_json::{Map, Value, json};
+
+use crate::problem::{ErrorBody, ErrorKind, WireError};
 
 use crate::pyfmt::{PyNumber, int_str, py_float_number, py_number};
 
@@ -78,12 +81,9 @@ fn first_msg(details: &[ErrorDetail]) -> String {
 }
 
 impl ContractError {
-    /// The HTTP status: 422, or 400 for an unreadable body.
+    /// The HTTP status (the status table's row for [`WireError::kind`]).
     pub fn status(&self) -> u16 {
-        match self {
-            ContractError::Unparseable { .. } => 400,
-            ContractError::InvalidJson { .. } | ContractError::Invalid(_) => 422,
-        }
+        self.kind().status()
     }
 
     /// The error entries (a `json_invalid` error is one entry; an unreadable body has none).
@@ -103,16 +103,24 @@ impl ContractError {
 
     /// The response body, exactly as Kev's FastAPI server sends it.
     pub fn body(&self) -> Value {
+        self.error_body().to_value()
+    }
+}
+
+impl WireError for ContractError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ContractError::Unparseable { .. } => ErrorKind::Unparseable,
+            ContractError::InvalidJson { .. } | ContractError::Invalid(_) => ErrorKind::Validation,
+        }
+    }
+
+    fn error_body(&self) -> ErrorBody {
         match self {
             ContractError::Unparseable { .. } => {
-                json!({ "detail": "There was an error parsing the body" })
+                ErrorBody::Message("There was an error parsing the body")
             }
-            _ => {
-                let detail = self.details().iter().map(ErrorDetail::to_value).collect();
-                let mut m = Map::new();
-                m.insert("detail".into(), Value::Array(detail));
-                Value::Object(m)
-            }
+            _ => ErrorBody::Validation(self.details()),
         }
     }
 }

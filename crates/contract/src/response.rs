@@ -11,13 +11,22 @@ fn extension_key(name: &str) -> String {
     }
 }
 
+/// `usage`: tokens the request ran and the tokens its answers count as output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Usage {
+    /// The state once plus every question's branch (delimiters included).
+    pub input_tokens: usize,
+    /// Tokens of Python's `json.dumps(answers)`.
+    pub output_tokens: usize,
+}
+
 /// The 200 body: `{"model", "answers", "usage": {"input_tokens", "output_tokens"}}` plus `x_` extensions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResponseBody {
     model: String,
     answers: Value,
-    input_tokens: usize,
-    output_tokens: usize,
+    usage: Usage,
     usage_extras: Vec<(String, Value)>,
     extras: Vec<(String, Value)>,
 }
@@ -28,8 +37,10 @@ impl ResponseBody {
         ResponseBody {
             model: model.to_owned(),
             answers,
-            input_tokens,
-            output_tokens,
+            usage: Usage {
+                input_tokens,
+                output_tokens,
+            },
             usage_extras: Vec::new(),
             extras: Vec::new(),
         }
@@ -47,11 +58,34 @@ impl ResponseBody {
         self
     }
 
+    /// The model name echoed from the request.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The `answers` object.
+    pub fn answers(&self) -> &Value {
+        &self.answers
+    }
+
+    /// `usage` (without its extensions).
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// A top-level extension field by its (`x_`-prefixed) name.
+    pub fn extension(&self, name: &str) -> Option<&Value> {
+        self.extras.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
     /// The body as a JSON value (key order as sent).
     pub fn to_value(&self) -> Value {
         let mut usage = Map::new();
-        usage.insert("input_tokens".into(), Value::from(self.input_tokens));
-        usage.insert("output_tokens".into(), Value::from(self.output_tokens));
+        usage.insert("input_tokens".into(), Value::from(self.usage.input_tokens));
+        usage.insert(
+            "output_tokens".into(),
+            Value::from(self.usage.output_tokens),
+        );
         for (k, v) in &self.usage_extras {
             usage.insert(k.clone(), v.clone());
         }

@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod calibrate;
+pub mod error;
 pub mod head;
 pub mod load;
 pub mod prescan;

@@ -16,6 +16,7 @@
 //! change no bit of any probability. It costs at most 63 extra tokens per question.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kev_contract::{ResponseBody, ValidRequest, shape_answers};
@@ -24,6 +25,7 @@ use kev_tokenize::{CompiledRequest, KevTokenizer, Limits, TokenizeError};
 use serde_json::{Value, json};
 
 use crate::cache::{PrefixCache, Snapshot};
+pub use crate::error::{DecideError, OverCap, Refusal};
 use crate::head::PointerHead;
 
 /// Per-request work caps: a request over one is refused with 413 before the engine sees it.
@@ -50,35 +52,6 @@ impl Default for Caps {
             max_options: 16_384,
             max_input_tokens: 131_072,
         }
-    }
-}
-
-/// A work cap a request is over: the field, the bound and the request's value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OverCap {
-    /// The quantity capped (`questions`, `options`, `input_tokens`).
-    pub field: &'static str,
-    /// The cap.
-    pub bound: usize,
-    /// The request's value (for `input_tokens`: a lower bound, counting stopped at the cap).
-    pub value: usize,
-}
-
-impl OverCap {
-    /// `too much work in one request: questions is 20000, over the limit of 1024 (…)`.
-    pub fn message(&self) -> String {
-        let (at_least, what) = match self.field {
-            "questions" => ("", "questions in the request"),
-            "options" => ("", "options over all questions; a noul question has 2"),
-            _ => (
-                "at least ",
-                "the state once plus every question's branch, as usage.input_tokens counts them",
-            ),
-        };
-        format!(
-            "too much work in one request: {} is {at_least}{}, over the limit of {} ({what}); split the questions across requests",
-            self.field, self.value, self.bound
-        )
     }
 }
 
@@ -142,48 +115,20 @@ impl Job {
     }
 }
 
-/// A client error: the HTTP status and body the contract prescribes.
-#[derive(Debug, Clone)]
-pub struct Refusal {
-    /// 422 (or 400 for an unreadable body, 413 for too much work).
-    pub status: u16,
-    /// FastAPI-style body.
-    pub body: Value,
-    /// Set when the request is over a work cap (413): which one, so a server can word its own answer.
-    pub over: Option<OverCap>,
-}
-
-impl Refusal {
-    fn over(over: OverCap) -> Self {
-        Refusal {
-            status: 413,
-            body: json!({"detail": {"error_type": "invalid_request_error", "message": over.message()}}),
-            over: Some(over),
-        }
-    }
-}
-
-/// A failure of ours while answering an accepted request.
-#[derive(Debug, thiserror::Error)]
-pub enum DecideError {
-    /// The backbone failed.
-    #[error("engine: {0}")]
-    Engine(#[from] EngineError),
-    /// The probabilities could not be shaped into answers (a NaN, a count mismatch).
-    #[error("answers: {0}")]
-    Answer(#[from] kev_contract::AnswerError),
-    /// The answers could not be counted for usage.
-    #[error("usage: {0}")]
-    Usage(String),
-}
-
 /// One answered request.
 #[derive(Debug, Clone)]
 pub struct Decision {
     /// Unrounded fp32 probabilities per question, in request order.
     pub probabilities: Vec<Vec<f32>>,
-    /// The response body.
-    pub body: Value,
+    /// The response: answers, usage and extensions.
+    pub response: ResponseBody,
+}
+
+impl Decision {
+    /// The response body as JSON.
+    pub fn body(&self) -> Value {
+        self.response.to_value()
+    }
 }
 
 /// Counters since start.
@@ -267,13 +212,8 @@ impl<B: Backend> Kev<B> {
 
     /// Validate and compile a request body.
     pub fn admit(&self, body: &[u8]) -> Result<Job, Refusal> {
-        let refuse = |e: kev_contract::ContractError| Refusal {
-            status: e.status(),
-            body: e.body(),
-            over: None,
-        };
         self.precheck(body)?;
-        let value = kev_contract::parse_body(body).map_err(refuse)?;
+        let value = kev_contract::parse_body(body)?;
         // The question cap before validation, which renders every question (again here for the bodies
         // the pre-scan leaves to the full reader).
         let caps = &self.settings.caps;
@@ -283,13 +223,13 @@ impl<B: Backend> Kev<B> {
             .map(|q| q.len())
             && n > caps.max_questions
         {
-            return Err(Refusal::over(OverCap {
+            return Err(Refusal::from(OverCap {
                 field: "questions",
                 bound: caps.max_questions,
                 value: n,
             }));
         }
-        let request = kev_contract::validate(value).map_err(refuse)?;
+        let request = kev_contract::validate(value)?;
         self.admit_request(request)
     }
 
@@ -299,7 +239,7 @@ impl<B: Backend> Kev<B> {
     pub fn precheck(&self, body: &[u8]) -> Result<(), Refusal> {
         let cap = self.settings.caps.max_questions;
         match crate::prescan::question_count(body) {
-            Some(n) if n > cap => Err(Refusal::over(OverCap {
+            Some(n) if n > cap => Err(Refusal::from(OverCap {
                 field: "questions",
                 bound: cap,
                 value: n,
@@ -314,7 +254,7 @@ impl<B: Backend> Kev<B> {
         let caps = &self.settings.caps;
         let questions = request.questions().len();
         if questions > caps.max_questions {
-            return Err(Refusal::over(OverCap {
+            return Err(Refusal::from(OverCap {
                 field: "questions",
                 bound: caps.max_questions,
                 value: questions,
@@ -322,7 +262,7 @@ impl<B: Backend> Kev<B> {
         }
         let options: usize = request.questions().iter().map(|q| q.options().len()).sum();
         if options > caps.max_options {
-            return Err(Refusal::over(OverCap {
+            return Err(Refusal::from(OverCap {
                 field: "options",
                 bound: caps.max_options,
                 value: options,
@@ -332,16 +272,12 @@ impl<B: Backend> Kev<B> {
             .tokenizer
             .compile_capped(&request, &self.settings.limits, caps.max_input_tokens)
             .map_err(|e| match e {
-                TokenizeError::TooMuchWork { at_least, limit } => Refusal::over(OverCap {
+                TokenizeError::TooMuchWork { at_least, limit } => Refusal::from(OverCap {
                     field: "input_tokens",
                     bound: limit,
                     value: at_least,
                 }),
-                e => Refusal {
-                    status: e.status(),
-                    body: e.body(),
-                    over: None,
-                },
+                e => Refusal::from(e),
             })?;
         Ok(Job { request, compiled })
     }
@@ -352,25 +288,16 @@ impl<B: Backend> Kev<B> {
         Ok(self
             .run(&[&job])
             .pop()
-            .unwrap_or_else(|| Err(DecideError::Usage("no result".into()))))
+            .unwrap_or(Err(DecideError::Unanswered("no result"))))
     }
 
     /// Answer admitted requests together: their state prefixes and question branches share passes.
     /// One result per job, in order.
     pub fn run(&self, jobs: &[&Job]) -> Vec<Result<Decision, DecideError>> {
-        match self.probabilities(jobs) {
-            Ok(per_job) => jobs
-                .iter()
-                .zip(per_job)
-                .map(|(job, probs)| probs.and_then(|p| self.respond_to(job, p)))
-                .collect(),
-            Err(e) => {
-                let msg = e.to_string();
-                jobs.iter()
-                    .map(|_| Err(DecideError::Engine(EngineError::Input(msg.clone()))))
-                    .collect()
-            }
-        }
+        jobs.iter()
+            .zip(self.probabilities(jobs))
+            .map(|(job, probs)| probs.and_then(|p| self.respond_to(job, p)))
+            .collect()
     }
 
     pub(crate) fn respond_to(
@@ -379,10 +306,7 @@ impl<B: Backend> Kev<B> {
         probabilities: Vec<Vec<f32>>,
     ) -> Result<Decision, DecideError> {
         let answers = shape_answers(&job.request, &probabilities)?;
-        let output = self
-            .tokenizer
-            .output_tokens(&answers)
-            .map_err(|e| DecideError::Usage(e.to_string()))?;
+        let output = self.tokenizer.output_tokens(&answers)?;
         let mut body = ResponseBody::new(
             job.request.model(),
             answers,
@@ -394,7 +318,7 @@ impl<B: Backend> Kev<B> {
         }
         Ok(Decision {
             probabilities,
-            body: body.to_value(),
+            response: body,
         })
     }
 
@@ -411,11 +335,7 @@ impl<B: Backend> Kev<B> {
     }
 
     /// Per job, its per-question probabilities (or that job's engine error).
-    #[allow(clippy::type_complexity)]
-    fn probabilities(
-        &self,
-        jobs: &[&Job],
-    ) -> Result<Vec<Result<Vec<Vec<f32>>, DecideError>>, EngineError> {
+    fn probabilities(&self, jobs: &[&Job]) -> Vec<Result<Vec<Vec<f32>>, DecideError>> {
         // 1. Snapshots: from the cache, or run each distinct missing prefix once.
         let mut snapshots: Vec<Option<Snapshot<B::State>>> = Vec::with_capacity(jobs.len());
         let mut missing: HashMap<&[u32], Vec<usize>> = HashMap::new();
@@ -447,7 +367,7 @@ impl<B: Backend> Kev<B> {
                 }
             }
         }
-        let mut failed: Vec<Option<String>> = vec![None; jobs.len()];
+        let mut failed: Vec<Option<Arc<EngineError>>> = vec![None; jobs.len()];
         let prefix_rows: Vec<(&[u32], usize)> = missing_order
             .iter()
             .map(|ids| (*ids, self.split_at(ids.len())))
@@ -469,9 +389,9 @@ impl<B: Backend> Kev<B> {
                             snapshots[j] = Some(snap.clone());
                         }
                     }
-                    Err(msg) => {
+                    Err(e) => {
                         for &j in &missing[ids] {
-                            failed[j] = Some(msg.clone());
+                            failed[j] = Some(Arc::clone(&e));
                         }
                     }
                 }
@@ -520,17 +440,15 @@ impl<B: Backend> Kev<B> {
             |i, result| match result {
                 // The branch's own state is dropped here: only its readout rows are kept.
                 Ok((_, h)) => hidden[i] = Some(h),
-                Err(msg) => failed[branch_rows[i].job] = Some(msg),
+                Err(e) => failed[branch_rows[i].job] = Some(e),
             },
         );
 
         // 3. Head: per job, per question, in order.
         let mut out: Vec<Result<Vec<Vec<f32>>, DecideError>> = (0..jobs.len())
             .map(|j| match (&failed[j], &snapshots[j]) {
-                (Some(msg), _) => Err(DecideError::Engine(EngineError::Input(msg.clone()))),
-                (None, None) => Err(DecideError::Engine(EngineError::Input(
-                    "state prefix did not run".into(),
-                ))),
+                (Some(e), _) => Err(DecideError::Engine(Arc::clone(e))),
+                (None, None) => Err(DecideError::Unanswered("state prefix did not run")),
                 (None, Some(_)) => Ok(Vec::new()),
             })
             .collect();
@@ -541,19 +459,19 @@ impl<B: Backend> Kev<B> {
                 list.push(self.head.probabilities_for(&h, kind));
             }
         }
-        Ok(out)
+        out
     }
 
     /// Run rows (given by their token counts) in passes of at most `pass_tokens` tokens: `state(i)` makes
     /// row `i`'s starting state when its pass begins (so only one pass's states are alive at a time),
     /// `input(i)` gives its tokens and wanted indices, and `done(i, …)` receives its final state and hidden
-    /// rows, or the pass's error.
+    /// rows, or the pass's error (shared by every row of the pass).
     fn forward_in_passes<'a>(
         &self,
         lens: impl Iterator<Item = usize>,
         state: impl Fn(usize) -> B::State,
         input: impl Fn(usize) -> (&'a [u32], &'a [usize]),
-        mut done: impl FnMut(usize, Result<(B::State, Vec<f32>), String>),
+        mut done: impl FnMut(usize, Result<(B::State, Vec<f32>), Arc<EngineError>>),
     ) {
         for pass in passes(lens, self.settings.pass_tokens) {
             let mut states: Vec<B::State> = pass.iter().map(|&i| state(i)).collect();
@@ -580,9 +498,9 @@ impl<B: Backend> Kev<B> {
                     }
                 }
                 Err(e) => {
-                    let msg = e.to_string();
+                    let e = Arc::new(e);
                     for &i in &pass {
-                        done(i, Err(msg.clone()));
+                        done(i, Err(Arc::clone(&e)));
                     }
                 }
             }

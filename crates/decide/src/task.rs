@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use kev_engine::{Backend, BatchRow, EngineError};
+use kev_engine::{Backend, BatchRow};
 
 use crate::cache::Snapshot;
 use crate::service::{DecideError, Decision, Job, Kev};
@@ -270,12 +270,11 @@ impl<B: Backend> Kev<B> {
         let hidden = match result {
             Ok(h) => h,
             Err(e) => {
-                let msg = e.to_string();
+                let e = std::sync::Arc::new(e);
                 for (i, piece) in pieces.iter().enumerate() {
                     if !matches!(piece, Piece::Skip) {
                         grants[i].task.progress = Progress::Finished;
-                        steps[i] =
-                            Step::Done(Err(DecideError::Engine(EngineError::Input(msg.clone()))));
+                        steps[i] = Step::Done(Err(DecideError::Engine(std::sync::Arc::clone(&e))));
                     }
                 }
                 return steps;

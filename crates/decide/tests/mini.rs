@@ -77,7 +77,7 @@ fn run_all(kev: &Kev<CpuBackend>) -> Vec<Vec<Vec<f64>>> {
         .map(|c| {
             let d = kev
                 .decide(&c.body)
-                .unwrap_or_else(|r| panic!("{}: refused {:?}", c.id, r.body))
+                .unwrap_or_else(|r| panic!("{}: refused {:?}", c.id, r.body()))
                 .unwrap_or_else(|e| panic!("{}: {e}", c.id));
             d.probabilities
                 .iter()
@@ -397,6 +397,6 @@ fn the_readme_example_answers_sensibly() {
         (WeightForm::Merged, None, "as `kev serve --demo` serves it"),
     ] {
         let d = load(form, arm).decide(body.as_bytes()).unwrap().unwrap();
-        check(label, &d.body["answers"]);
+        check(label, &d.body()["answers"]);
     }
 }

@@ -82,9 +82,10 @@ fn run_all(kev: &Kev<CpuBackend>) -> Vec<(Vec<Vec<f32>>, Value)> {
         .map(|c| {
             let d = kev
                 .decide(&c.body)
-                .unwrap_or_else(|r| panic!("{}: refused {:?}", c.name, r.body))
+                .unwrap_or_else(|r| panic!("{}: refused {:?}", c.name, r.body()))
                 .unwrap_or_else(|e| panic!("{}: {e}", c.name));
-            (d.probabilities, d.body)
+            let body = d.body();
+            (d.probabilities, body)
         })
         .collect()
 }

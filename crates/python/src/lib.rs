@@ -13,7 +13,7 @@ use kev_engine::{Arm, CpuBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// The model names `/v1/models` lists first; `info` is that card.
 const CARD_NAME: &str = "kev-latest";
@@ -45,10 +45,8 @@ fn text(v: &Value) -> String {
 
 /// What `kev decide` writes for a failure of ours on an accepted request.
 fn internal(e: &kev_decide::DecideError) -> Answer {
-    (
-        500,
-        text(&json!({"detail": {"error_type": "api_error", "message": e.to_string()}})),
-    )
+    use kev_contract::WireError;
+    (e.kind().status(), text(&e.error_body().to_value()))
 }
 
 /// `Model(...)`'s arguments, passed by the Python half as one dict (`python/kev/__init__.py` documents them).
@@ -183,7 +181,7 @@ impl Engine {
     fn answer(&self, bodies: &[Vec<u8>]) -> Vec<Answer> {
         let admitted: Vec<Result<Job, Answer>> = bodies
             .iter()
-            .map(|b| self.kev.admit(b).map_err(|r| (r.status, text(&r.body))))
+            .map(|b| self.kev.admit(b).map_err(|r| (r.status(), text(&r.body()))))
             .collect();
         let jobs: Vec<&Job> = admitted.iter().filter_map(|a| a.as_ref().ok()).collect();
         let budget = self.kev.settings().pass_tokens;
@@ -205,14 +203,9 @@ impl Engine {
             .map(|a| match a {
                 Err(refused) => refused,
                 Ok(_) => match results.next() {
-                    Some(Ok(decision)) => (200, text(&decision.body)),
+                    Some(Ok(decision)) => (200, text(&decision.body())),
                     Some(Err(e)) => internal(&e),
-                    None => (
-                        500,
-                        text(
-                            &json!({"detail": {"error_type": "api_error", "message": "no result"}}),
-                        ),
-                    ),
+                    None => internal(&kev_decide::DecideError::Unanswered("no result")),
                 },
             })
             .collect()

@@ -1,164 +1,168 @@
 //! Every non-200 answer the server gives, and the one place that turns it into HTTP.
 //!
-//! Two body shapes (kev-contract §8.5): schema violations keep FastAPI's validation list
-//! (`{"detail":[{"type","loc","msg","input"}]}`, built by `kev-contract`); everything else is
-//! `{"detail":{"error_type": …, "message": …}}`, which the official SDK and jevcompat read.
+//! Two body shapes (kev-contract §8.5, [`kev_contract::problem`]): schema violations keep FastAPI's validation
+//! list (`{"detail":[{"type","loc","msg","input"}]}`); everything else is
+//! `{"detail":{"error_type": …, "message": …}}`, which the official SDK and jevcompat read. The status of
+//! each comes from the contract's status table ([`ErrorKind::row`]); this module only adds what HTTP needs
+//! beside it (`Retry-After`, `WWW-Authenticate`) and the request id of a fault.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use kev_contract::{ContractError, ErrorBody, ErrorKind, LocItem, WireError};
 use serde_json::{Value, json};
 
-/// An error answer: status, JSON body and, for load shedding, a `Retry-After` in seconds.
+/// An error answer: its row of the status table, its body and, for load shedding, a `Retry-After` in
+/// seconds.
 #[derive(Debug, Clone)]
 pub struct ApiError {
-    status: StatusCode,
-    body: Value,
+    kind: ErrorKind,
+    /// Set only for statuses the table does not hold (a layer's own answer, passed through).
+    status: Option<StatusCode>,
+    // Boxed: `Result<_, ApiError>` is returned on every path, and the body is the bulk of an error.
+    body: Box<ErrorBody>,
     retry_after: Option<u64>,
-    www_authenticate: bool,
+    request_id: Option<String>,
+}
+
+/// The HTTP status of a row of the status table.
+pub(crate) fn http_status(kind: ErrorKind) -> StatusCode {
+    StatusCode::from_u16(kind.status()).unwrap_or_else(|_| http_status(ErrorKind::Internal))
+}
+
+impl From<ContractError> for ApiError {
+    fn from(e: ContractError) -> Self {
+        ApiError::from_wire(&e)
+    }
 }
 
 impl ApiError {
-    /// An error with a ready body (e.g. a 422 validation list from the contract).
-    pub fn with_body(status: u16, body: Value) -> Self {
+    /// The answer to any layer's typed error: its kind and body, as the status table says.
+    pub fn from_wire(e: &impl WireError) -> Self {
+        Self::new(e.kind(), e.error_body())
+    }
+
+    fn new(kind: ErrorKind, body: ErrorBody) -> Self {
         ApiError {
-            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            body,
+            kind,
+            status: None,
+            body: Box::new(body),
             retry_after: None,
-            www_authenticate: false,
+            request_id: None,
         }
     }
 
-    /// `{"detail":{"error_type","message"}}` with the given status.
-    pub fn typed(status: StatusCode, error_type: &str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            body: json!({"detail": {"error_type": error_type, "message": message.into()}}),
-            retry_after: None,
-            www_authenticate: false,
-        }
+    /// `{"detail":{"error_type","message"}}` for the kind.
+    pub fn typed(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self::new(kind, ErrorBody::typed(kind, message))
     }
 
-    /// 403: no `Authorization: Bearer` header at all.
+    /// A layer's (or hyper's) error status the table has no row for: passed through, with a typed body of
+    /// the nearest kind.
+    pub(crate) fn passthrough(status: StatusCode, kind: ErrorKind, message: String) -> Self {
+        let mut e = Self::typed(kind, message);
+        e.status = Some(status);
+        e
+    }
+
+    /// No `Authorization: Bearer` header at all.
     pub fn auth_missing() -> Self {
-        let mut e = Self::typed(
-            StatusCode::FORBIDDEN,
-            "authentication_error",
-            "Must supply an API key! Send Authorization: Bearer <key>.",
-        );
-        e.www_authenticate = true;
-        e
-    }
-
-    /// 401: a bearer key that is not the server's.
-    pub fn auth_invalid() -> Self {
-        let mut e = Self::typed(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "Invalid API key. Send Authorization: Bearer <key> with the server's key.",
-        );
-        e.www_authenticate = true;
-        e
-    }
-
-    /// 429: the admission queue is full.
-    pub fn queue_full(depth: usize, retry_after: u64) -> Self {
-        let mut e = Self::typed(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            format!("the request queue is full ({depth} waiting); retry after {retry_after} s"),
-        );
-        e.retry_after = Some(retry_after);
-        e
-    }
-
-    /// 529: accepted, but it waited past its deadline before the engine could take it.
-    pub fn overloaded(waited_ms: u128, retry_after: u64) -> Self {
-        let mut e = Self::typed(
-            StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
-            "overloaded_error",
-            format!(
-                "the engine is overloaded: the request waited {waited_ms} ms in the queue, past its deadline"
-            ),
-        );
-        e.retry_after = Some(retry_after);
-        e
-    }
-
-    /// 503: the model is still loading or warming up.
-    pub fn not_ready() -> Self {
-        let mut e = Self::typed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready_error",
-            "the model is loading; retry shortly",
-        );
-        e.retry_after = Some(1);
-        e
-    }
-
-    /// 503: the server is shutting down and takes no new work.
-    pub fn draining() -> Self {
         Self::typed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable_error",
-            "the server is stopping",
+            ErrorKind::AuthMissing,
+            "Must supply an API key! Send Authorization: Bearer <key>.",
         )
     }
 
-    /// 413: the (decompressed) body is over the limit.
+    /// A bearer key that is not the server's.
+    pub fn auth_invalid() -> Self {
+        Self::typed(
+            ErrorKind::AuthInvalid,
+            "Invalid API key. Send Authorization: Bearer <key> with the server's key.",
+        )
+    }
+
+    /// The admission queue is full.
+    pub fn queue_full(depth: usize, retry_after: u64) -> Self {
+        Self::typed(
+            ErrorKind::QueueFull,
+            format!("the request queue is full ({depth} waiting); retry after {retry_after} s"),
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// Accepted, but it waited past its deadline before the engine could take it.
+    pub fn overloaded(waited_ms: u128, retry_after: u64) -> Self {
+        Self::typed(
+            ErrorKind::Overloaded,
+            format!(
+                "the engine is overloaded: the request waited {waited_ms} ms in the queue, past its deadline"
+            ),
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// The model is still loading or warming up.
+    pub fn not_ready() -> Self {
+        Self::typed(ErrorKind::NotReady, "the model is loading; retry shortly").with_retry_after(1)
+    }
+
+    /// The server is shutting down and takes no new work.
+    pub fn draining() -> Self {
+        Self::typed(ErrorKind::Unavailable, "the server is stopping")
+    }
+
+    /// The (decompressed) body is over the limit.
     pub fn too_large(limit: usize) -> Self {
         Self::typed(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
+            ErrorKind::BodyTooLarge,
             format!("request body is over the {limit}-byte limit"),
         )
     }
 
-    /// 413: the request is over a per-request work cap; the message names the field, the bound and the
-    /// request's value (`at_least`: counting stopped at the cap).
-    pub fn too_much_work(
-        field: &str,
-        bound: usize,
-        value: usize,
-        message: impl Into<String>,
-    ) -> Self {
-        let mut e = Self::typed(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            message,
-        );
-        if let Some(d) = e.body.get_mut("detail").and_then(Value::as_object_mut) {
-            d.insert("field".into(), json!(field));
-            d.insert("limit".into(), json!(bound));
-            d.insert("value".into(), json!(value));
-        }
-        e
+    /// The body could not be read, or its content coding could not be undone.
+    pub fn bad_body(message: impl Into<String>) -> Self {
+        Self::typed(ErrorKind::BadBody, message)
     }
 
-    /// 408: the body did not arrive in time (a slow client).
+    /// The body did not arrive in time (a slow client).
     pub fn body_timeout() -> Self {
         Self::typed(
-            StatusCode::REQUEST_TIMEOUT,
-            "timeout_error",
+            ErrorKind::BodyTimeout,
             "the request body did not arrive in time",
         )
     }
 
-    /// 503 from `/ready`: the queue is full or its oldest request has waited its whole deadline.
-    pub fn saturated(detail: Value) -> Self {
-        let mut e = Self::typed(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded_error",
+    /// `/ready`: the queue is full or its oldest request has waited its whole deadline; `detail` adds the
+    /// queue figures to the body.
+    pub fn saturated(detail: &Value) -> Self {
+        let mut body = ErrorBody::typed(
+            ErrorKind::Saturated,
             "saturated: new requests would be shed (429 or 529)",
         );
-        if let (Some(d), Some(extra)) = (
-            e.body.get_mut("detail").and_then(Value::as_object_mut),
-            detail.as_object(),
-        ) {
-            for (k, v) in extra {
-                d.insert(k.clone(), v.clone());
-            }
+        for (k, v) in detail.as_object().into_iter().flatten() {
+            body = body.with(k, v.clone());
         }
-        e
+        Self::new(ErrorKind::Saturated, body).with_retry_after(1)
+    }
+
+    /// An encoding or media type the server does not take.
+    pub fn unsupported_media(message: impl Into<String>) -> Self {
+        Self::typed(ErrorKind::UnsupportedMedia, message)
+    }
+
+    /// A valid request the route cannot answer as asked (e.g. permuting a question that is not a choice).
+    pub fn unanswerable(message: impl Into<String>) -> Self {
+        Self::typed(ErrorKind::OverLimit, message)
+    }
+
+    /// No such route.
+    pub fn not_found() -> Self {
+        Self::typed(ErrorKind::NotFound, "Not Found")
+    }
+
+    /// Our fault. The body names the request id (stamped by [`ApiError::for_request`] where the answer
+    /// leaves), so the log line can be found; the cause goes to the log, not to the client.
+    pub fn internal() -> Self {
+        Self::typed(ErrorKind::Internal, "internal error; see the server log")
     }
 
     /// The same error with a `Retry-After` (seconds).
@@ -167,32 +171,54 @@ impl ApiError {
         self
     }
 
-    /// 415: an encoding or media type the server does not take.
-    pub fn unsupported_media(message: impl Into<String>) -> Self {
-        Self::typed(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "invalid_request_error",
-            message,
-        )
+    /// The same error answering request `request_id`: a fault's message names it.
+    pub fn for_request(mut self, request_id: &str) -> Self {
+        self.request_id = Some(request_id.to_owned());
+        self
     }
 
-    /// 500: our fault; the message carries the request id so the log line can be found.
-    pub fn internal(request_id: &str) -> Self {
-        Self::typed(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "api_error",
-            format!("internal error (request id {request_id}); see the server log"),
-        )
+    /// A validation error re-rooted under `key` (`["body", key, …]`), for a request nested in an envelope.
+    pub fn under(mut self, key: &str) -> Self {
+        if let ErrorBody::Validation(items) = &mut *self.body {
+            for item in items {
+                if matches!(item.loc.first(), Some(LocItem::Key(k)) if k == "body") {
+                    item.loc.insert(1, LocItem::Key(key.to_owned()));
+                }
+            }
+        }
+        self
+    }
+
+    /// The row of the status table.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.status
+        self.status.unwrap_or_else(|| http_status(self.kind))
     }
 
-    /// The JSON body.
-    pub fn body(&self) -> &Value {
+    /// The body.
+    pub fn error_body(&self) -> &ErrorBody {
         &self.body
+    }
+
+    /// The JSON body as sent.
+    pub fn body(&self) -> Value {
+        let mut body = self.body.to_value();
+        if self.kind.is_fault()
+            && let Some(detail) = body.get_mut("detail").and_then(Value::as_object_mut)
+        {
+            let id = self.request_id.as_deref().unwrap_or("-");
+            detail.insert(
+                "message".into(),
+                json!(format!(
+                    "internal error (request id {id}); see the server log"
+                )),
+            );
+        }
+        body
     }
 
     /// `Retry-After`, in seconds, if any.
@@ -204,8 +230,8 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         // `compact_json` writes kept lone surrogates back as `\uXXXX` (ids in 422 bodies come back as sent).
-        let body = kev_contract::compact_json(&self.body).into_bytes();
-        let mut resp = (self.status, body).into_response();
+        let body = kev_contract::compact_json(&self.body()).into_bytes();
+        let mut resp = (self.status(), body).into_response();
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -215,7 +241,7 @@ impl IntoResponse for ApiError {
             h.insert(header::RETRY_AFTER, HeaderValue::from(s));
             h.insert("retry-after-ms", HeaderValue::from(s * 1000));
         }
-        if self.www_authenticate {
+        if matches!(self.kind, ErrorKind::AuthMissing | ErrorKind::AuthInvalid) {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp

@@ -9,7 +9,7 @@
 //! one it cannot parse at all) still gets hyper's empty answer.
 
 use axum::extract::Request;
-use axum::http::StatusCode;
+use kev_contract::ErrorKind;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -40,16 +40,14 @@ fn over_limits(req: &Request) -> Option<ApiError> {
         .map_or(req.uri().path().len(), |p| p.as_str().len());
     if uri > MAX_URI_BYTES {
         return Some(ApiError::typed(
-            StatusCode::URI_TOO_LONG,
-            "invalid_request_error",
+            ErrorKind::UriTooLong,
             format!("the request target is {uri} bytes, over the limit of {MAX_URI_BYTES}"),
         ));
     }
     let headers = req.headers();
     if headers.len() > MAX_HEADERS {
         return Some(ApiError::typed(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "invalid_request_error",
+            ErrorKind::HeadTooLarge,
             format!(
                 "the request has {} header fields, over the limit of {MAX_HEADERS}",
                 headers.len()
@@ -66,8 +64,7 @@ fn over_limits(req: &Request) -> Option<ApiError> {
             .sum::<usize>();
     if bytes > MAX_HEAD_BYTES {
         return Some(ApiError::typed(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "invalid_request_error",
+            ErrorKind::HeadTooLarge,
             format!(
                 "the request line and headers are {bytes} bytes, over the limit of {MAX_HEAD_BYTES}"
             ),

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use kev_contract::ErrorKind;
 use serde_json::{Value, json};
 use tower::ServiceBuilder;
 use tower_http::cors::CorsLayer;
@@ -20,13 +21,11 @@ use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tower_http::validate_request::{ValidateRequest, ValidateRequestHeaderLayer};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, http_status};
 use crate::{App, Decider};
 
 /// The request-id header the official SDK reads (`response.request_id`).
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-typesafe-request-id");
-
-const OPENAPI: &str = include_str!("../openapi.json");
 
 /// The whole HTTP surface of an [`App`].
 pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
@@ -57,12 +56,12 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
                     CorsLayer::permissive()
                         .expose_headers([REQUEST_ID, HeaderName::from_static("server-timing")]),
                 )
-                .layer(middleware::map_response(jsonify_errors))
+                .layer(middleware::from_fn(jsonify_errors))
                 .layer(middleware::from_fn(crate::head::check))
                 // Dropping the handler at the timeout drops its ticket: the engine stops the request
                 // before its next pass.
                 .layer(TimeoutLayer::with_status_code(
-                    StatusCode::REQUEST_TIMEOUT,
+                    http_status(ErrorKind::RequestTimeout),
                     timeout,
                 )),
         )
@@ -138,15 +137,7 @@ async fn systemone<D: Decider>(
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(e) => {
-            if e.status().is_server_error()
-                && e.status().as_u16() != 503
-                && e.status().as_u16() != 529
-            {
-                tracing::error!(request_id = %rid, body = %e.body(), "internal error");
-            }
-            e.into_response()
-        }
+        Err(e) => error_response(e, &rid),
     };
     if let Ok(v) = HeaderValue::from_str(&format!("app;dur={elapsed_ms:.1}")) {
         resp.headers_mut()
@@ -200,31 +191,27 @@ async fn decide<D: Decider>(
         decider.admit(&bytes)
     })
     .await
-    .map_err(|_| ApiError::internal(rid))??;
+    .map_err(|_| ApiError::internal())??;
     drop(permit);
     let ticket = app.queue.submit(slot, admission.job, admission.tokens)?;
     metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
     let answered = app.queue.answer(ticket, rid).await?;
     metrics::histogram!("kev_queue_wait_seconds").record(answered.queued.as_secs_f64());
     metrics::histogram!("kev_compute_seconds").record(answered.compute.as_secs_f64());
-    let mut body = answered.body;
-    if let Some(usage) = body.get("usage") {
-        let input = usage
-            .get("input_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        let output = usage
-            .get("output_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        metrics::counter!("kev_input_tokens_total").increment(input);
-        metrics::counter!("kev_output_tokens_total").increment(output);
+    let usage = answered.body.usage();
+    metrics::counter!("kev_input_tokens_total").increment(usage.input_tokens as u64);
+    metrics::counter!("kev_output_tokens_total").increment(usage.output_tokens as u64);
+    let ms = (answered.compute.as_secs_f64() * 10_000.0).round() / 10.0;
+    let body = answered.body.extra("x_latency_ms", json!(ms));
+    Ok(json_response(StatusCode::OK, &body.to_value()))
+}
+
+/// An error leaving a handler: a fault is logged with its cause and answered with the request id only.
+pub(crate) fn error_response(e: ApiError, request_id: &str) -> Response {
+    if e.kind().is_fault() {
+        tracing::error!(request_id = %request_id, cause = %e.error_body().to_value(), "internal error");
     }
-    if let Some(obj) = body.as_object_mut() {
-        let ms = (answered.compute.as_secs_f64() * 10_000.0).round() / 10.0;
-        obj.insert("x_latency_ms".into(), json!(ms));
-    }
-    Ok(json_response(StatusCode::OK, &body))
+    e.for_request(request_id).into_response()
 }
 
 /// Past the limit, read (and drop) this much more before answering 413, so a client still sending its
@@ -241,13 +228,8 @@ pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiEr
     let mut buf = Vec::new();
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            ApiError::typed(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                format!("could not read the request body: {e}"),
-            )
-        })?;
+        let frame = frame
+            .map_err(|e| ApiError::bad_body(format!("could not read the request body: {e}")))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -327,9 +309,7 @@ pub(crate) fn decode_body(
                 .and_then(|d| d.take(cap).read_to_end(&mut out)),
         };
         if read.is_err() {
-            return Err(ApiError::typed(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
+            return Err(ApiError::bad_body(
                 format!("the request body is not valid {coding:?} data (Content-Encoding)")
                     .to_lowercase(),
             ));
@@ -342,7 +322,7 @@ pub(crate) fn decode_body(
     Ok(data)
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     // `compact_json` writes kept lone surrogates back as `\uXXXX`: distinct ids stay distinct.
     let bytes = kev_contract::compact_json(body).into_bytes();
     let mut resp = (status, bytes).into_response();
@@ -393,9 +373,7 @@ async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
         });
         if depth >= q.capacity() || oldest >= q.deadline() {
             // Saturated: new work would get 429 or 529; say so to whoever routes traffic here.
-            let mut e = ApiError::saturated(detail);
-            e = e.with_retry_after(1);
-            return e.into_response();
+            return ApiError::saturated(&detail).into_response();
         }
         let mut body = json!({"status": "ready"});
         if let (Some(obj), Some(d)) = (body.as_object_mut(), detail.as_object()) {
@@ -441,7 +419,7 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
 }
 
 async fn openapi() -> Response {
-    let mut resp = OPENAPI.into_response();
+    let mut resp = crate::openapi::json().into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -450,7 +428,7 @@ async fn openapi() -> Response {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::typed(StatusCode::NOT_FOUND, "not_found_error", "Not Found")
+    ApiError::not_found()
 }
 
 /// Requests by route and status, and their latency.
@@ -470,16 +448,32 @@ async fn observe(req: Request, next: Next) -> Response {
     resp
 }
 
+/// The statuses layers and axum answer on their own (routing, the request timeout, the body limit), with
+/// the message each gets.
+const LAYER_ANSWERS: [(ErrorKind, &str); 5] = [
+    (ErrorKind::NotFound, "Not Found"),
+    (ErrorKind::MethodNotAllowed, "Method Not Allowed"),
+    (
+        ErrorKind::RequestTimeout,
+        "the request took longer than the server's request timeout",
+    ),
+    (
+        ErrorKind::BodyTooLarge,
+        "request body is over the size limit",
+    ),
+    (
+        ErrorKind::UnsupportedMedia,
+        "unsupported Content-Encoding: send identity, gzip or zstd",
+    ),
+];
+
 /// Layers (decompression, body limit, timeout) and axum (405) answer errors with empty or text
-/// bodies; give every error the `{"detail":{"error_type","message"}}` shape.
-async fn jsonify_errors<B>(resp: axum::http::Response<B>) -> Response
-where
-    B: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    let resp = resp.map(Body::new);
+/// bodies; give every error the `{"detail":{"error_type","message"}}` shape (a 5xx names the request id).
+async fn jsonify_errors(req: Request, next: Next) -> Response {
+    let rid = request_id(req.headers());
+    let resp = next.run(req).await;
     let status = resp.status();
-    if status.as_u16() < 400 {
+    if !(status.is_client_error() || status.is_server_error()) {
         return resp;
     }
     let is_json = resp
@@ -490,31 +484,24 @@ where
     if is_json {
         return resp;
     }
-    let (error_type, message) = match status.as_u16() {
-        404 => ("not_found_error", "Not Found".to_string()),
-        405 => ("invalid_request_error", "Method Not Allowed".to_string()),
-        408 => (
-            "timeout_error",
-            "the request took longer than the server's request timeout".to_string(),
-        ),
-        413 => (
-            "invalid_request_error",
-            "request body is over the size limit".to_string(),
-        ),
-        415 => (
-            "invalid_request_error",
-            "unsupported Content-Encoding: send identity, gzip or zstd".to_string(),
-        ),
-        s if s >= 500 => ("api_error", "internal error".to_string()),
-        _ => (
-            "invalid_request_error",
+    let known = LAYER_ANSWERS
+        .iter()
+        .find(|(kind, _)| http_status(*kind) == status);
+    let error = match known {
+        Some((kind, message)) => ApiError::typed(*kind, *message),
+        None if status.is_server_error() => {
+            ApiError::passthrough(status, ErrorKind::Internal, String::new())
+        }
+        None => ApiError::passthrough(
+            status,
+            ErrorKind::BadBody,
             status
                 .canonical_reason()
                 .unwrap_or("bad request")
                 .to_string(),
         ),
     };
-    let mut out = ApiError::typed(status, error_type, message).into_response();
+    let mut out = error.for_request(&rid).into_response();
     for name in [
         header::RETRY_AFTER,
         header::WWW_AUTHENTICATE,

@@ -8,13 +8,15 @@
 //!
 //! Layers come from tower-http (request ids, CORS, timeouts, zstd/gzip request decompression, body
 //! limits, bearer auth); error bodies follow kev-contract §8.5 and are built in one place
-//! ([`error::ApiError`]).
+//! ([`error::ApiError`]), their statuses taken from the contract's status table
+//! ([`kev_contract::ErrorKind`]). [`openapi`] derives the API document from the wire types.
 #![deny(missing_docs)]
 
 pub mod error;
 pub mod head;
 mod http;
 mod metrics_setup;
+pub mod openapi;
 pub mod pyrandom;
 pub mod queue;
 pub mod sched;
@@ -25,6 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kev_contract::ResponseBody;
 use serde_json::Value;
 
 pub use error::ApiError;
@@ -68,8 +71,8 @@ pub struct Need {
 pub enum Step {
     /// More passes are needed.
     Running,
-    /// Its answer: a response body (`{model, answers, usage, …}`) or an error.
-    Done(Result<Value, ApiError>),
+    /// Its answer: the response (`{model, answers, usage, …}`) or an error.
+    Done(Result<ResponseBody, ApiError>),
 }
 
 /// What the server needs from a model.
@@ -81,7 +84,8 @@ pub trait Decider: Send + Sync + 'static {
     /// A validated, compiled request, and its progress once it runs.
     type Job: Send + 'static;
 
-    /// Validate and compile a request body. Errors are client errors (422, 413 and friends).
+    /// Validate and compile a request body. Errors are the client's (validation, limits, work caps) or, rarely,
+    /// ours (a tokenizer fault); [`ApiError::from_wire`] answers any layer's typed error.
     fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError>;
 
     /// What the job has left.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use kev_contract::ResponseBody;
 use tokio::sync::oneshot;
 
 use crate::error::ApiError;
@@ -31,8 +31,8 @@ pub type Reply = Result<Answered, ApiError>;
 /// A successful answer: the response body and where its time went.
 #[derive(Debug)]
 pub struct Answered {
-    /// The response body (`{model, answers, usage, …}`).
-    pub body: Value,
+    /// The response (`{model, answers, usage, …}`).
+    pub body: ResponseBody,
     /// Wall time of the engine passes that advanced it.
     pub compute: Duration,
     /// Time spent waiting in the queue before its first pass.
@@ -240,7 +240,7 @@ impl<J: Send + 'static> Queue<J> {
         } = ticket;
         let deadline = tokio::time::Instant::from_std(admitted + self.shared.config.deadline);
         tokio::select! {
-            r = &mut rx => return r.unwrap_or_else(|_| Err(ApiError::internal(request_id))),
+            r = &mut rx => return r.unwrap_or_else(|_| Err(ApiError::internal().for_request(request_id))),
             _ = tokio::time::sleep_until(deadline) => {}
         }
         if phase
@@ -256,7 +256,7 @@ impl<J: Send + 'static> Queue<J> {
             ));
         }
         rx.await
-            .unwrap_or_else(|_| Err(ApiError::internal(request_id)))
+            .unwrap_or_else(|_| Err(ApiError::internal().for_request(request_id)))
     }
 
     /// Slots taken now (reserved or waiting for a first pass).
@@ -454,7 +454,7 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
                 }
                 None => {
                     let e = jobs.swap_remove(i);
-                    finish(&shared, e, Err(ApiError::internal("engine")));
+                    finish(&shared, e, Err(ApiError::internal()));
                 }
             }
         }
@@ -462,7 +462,7 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
 }
 
 /// Send a finished job's answer.
-fn finish<J>(shared: &Shared<J>, e: Entry<J>, result: Result<Value, ApiError>) {
+fn finish<J>(shared: &Shared<J>, e: Entry<J>, result: Result<ResponseBody, ApiError>) {
     shared.stats.running.fetch_sub(1, Ordering::Relaxed);
     let queued = e
         .started_at

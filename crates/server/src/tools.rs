@@ -19,11 +19,13 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
+use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::http::{error_response, json_response};
 use crate::pyrandom::{PyRandom, words_of_decimal};
 use crate::{App, Decider};
 
@@ -37,38 +39,37 @@ pub(crate) fn routes<D: Decider>() -> Router<Arc<App<D>>> {
         .route("/v1/systemone/separate", post(separate::<D>))
 }
 
-/// A FastAPI validation error list of one item under `body`.
-fn invalid(loc: &[&str], kind: &str, msg: &str, input: Value, ctx: Option<Value>) -> ApiError {
-    let mut item = Map::new();
-    item.insert("type".into(), json!(kind));
-    let mut full = vec![json!("body")];
-    full.extend(loc.iter().map(|l| json!(l)));
-    item.insert("loc".into(), Value::Array(full));
-    item.insert("msg".into(), json!(msg));
-    item.insert("input".into(), input);
-    if let Some(c) = ctx {
-        item.insert("ctx".into(), c);
+/// One FastAPI validation error under `body`.
+fn invalid(loc: &[&str], kind: &str, msg: &str, input: Value, ctx: Option<Value>) -> ErrorDetail {
+    let mut full = vec![LocItem::Key("body".into())];
+    full.extend(loc.iter().map(|l| LocItem::Key((*l).into())));
+    ErrorDetail {
+        kind: kind.into(),
+        loc: full,
+        msg: msg.into(),
+        input,
+        ctx,
     }
-    ApiError::with_body(422, json!({ "detail": [Value::Object(item)] }))
 }
 
-/// The body as Python's `json.loads` reads it; a malformed one gets the contract's 422 (or 400).
+/// The body as Python's `json.loads` reads it; a malformed one gets the contract's validation error (or
+/// its unreadable-body error).
 fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
-    kev_contract::python_loads(bytes).map_err(|e| ApiError::with_body(e.status(), e.body()))
+    Ok(kev_contract::python_loads(bytes)?)
 }
 
-/// Admit one request body and wait for its answer: the response body and the engine's compute time.
+/// Admit one request body and wait for its answer: the response and the engine's compute time.
 async fn answer<D: Decider>(
     app: &Arc<App<D>>,
     bytes: Vec<u8>,
     rid: &str,
-) -> Result<(Value, f64), ApiError> {
+) -> Result<(ResponseBody, f64), ApiError> {
     // As `/v1/systemone`: a queue slot before any work, then admission, then the engine.
     let slot = app.queue.reserve()?;
     let decider = Arc::clone(&app.decider);
     let admission = tokio::task::spawn_blocking(move || decider.admit(&bytes))
         .await
-        .map_err(|_| ApiError::internal(rid))??;
+        .map_err(|_| ApiError::internal())??;
     let ticket = app.queue.submit(slot, admission.job, admission.tokens)?;
     let answered = app.queue.answer(ticket, rid).await?;
     let ms = (answered.compute.as_secs_f64() * 10_000.0).round() / 10.0;
@@ -80,7 +81,7 @@ async fn answer_all<D: Decider>(
     app: &Arc<App<D>>,
     bodies: Vec<Vec<u8>>,
     rid: &str,
-) -> Result<Vec<(Value, f64)>, ApiError> {
+) -> Result<Vec<(ResponseBody, f64)>, ApiError> {
     let handles: Vec<_> = bodies
         .into_iter()
         .map(|b| {
@@ -91,7 +92,7 @@ async fn answer_all<D: Decider>(
         .collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
-        out.push(h.await.map_err(|_| ApiError::internal(rid))??);
+        out.push(h.await.map_err(|_| ApiError::internal())??);
     }
     Ok(out)
 }
@@ -113,7 +114,7 @@ async fn accept<D: Decider>(
     let max = app.config.max_body;
     tokio::task::spawn_blocking(move || crate::http::decode_body(raw, &codings, max))
         .await
-        .map_err(|_| ApiError::internal("decode"))?
+        .map_err(|_| ApiError::internal())?
 }
 
 /// The request with only question `id` (its value replaced by `question`).
@@ -125,27 +126,13 @@ fn with_one_question(request: &Map<String, Value>, id: &str, question: Value) ->
     serde_json::to_vec(&Value::Object(one)).unwrap_or_default()
 }
 
-/// A truncating server's marks, copied from one part (each part read the same state).
-fn truncation_marks(body: &mut Map<String, Value>, part: &Value) {
-    for k in ["x_truncated", "x_state_tokens", "x_state_tokens_used"] {
-        if let Some(v) = part.get(k) {
-            body.insert(k.into(), v.clone());
-        }
-    }
-}
+/// A truncating server's marks, as one part carries them (each part read the same state).
+const TRUNCATION_MARKS: [&str; 3] = ["x_truncated", "x_state_tokens", "x_state_tokens_used"];
 
-fn respond(result: Result<Value, ApiError>) -> Response {
+fn respond(result: Result<Value, ApiError>, request_id: &str) -> Response {
     match result {
-        Ok(v) => {
-            let bytes = serde_json::to_vec(&v).unwrap_or_else(|_| b"{}".to_vec());
-            let mut resp = (StatusCode::OK, bytes).into_response();
-            resp.headers_mut().insert(
-                axum::http::header::CONTENT_TYPE,
-                axum::http::HeaderValue::from_static("application/json"),
-            );
-            resp
-        }
-        Err(e) => e.into_response(),
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error_response(e, request_id),
     }
 }
 
@@ -155,7 +142,7 @@ async fn separate<D: Decider>(
     body: Body,
 ) -> Response {
     let rid = crate::http::request_id(&headers);
-    respond(separate_body(&app, &headers, body, &rid).await)
+    respond(separate_body(&app, &headers, body, &rid).await, &rid)
 }
 
 async fn separate_body<D: Decider>(
@@ -170,14 +157,15 @@ async fn separate_body<D: Decider>(
     let check = bytes.clone();
     tokio::task::spawn_blocking(move || decider.admit(&check).map(|_| ()))
         .await
-        .map_err(|_| ApiError::internal(rid))??;
+        .map_err(|_| ApiError::internal())??;
+    // Admitted, so an object with a `questions` object; anything else is a fault of ours.
     let request = match parse_json(&bytes)? {
         Value::Object(m) => m,
-        _ => return Err(ApiError::internal(rid)),
+        _ => return Err(ApiError::internal()),
     };
     let questions = match request.get("questions") {
         Some(Value::Object(q)) => q.clone(),
-        _ => return Err(ApiError::internal(rid)),
+        _ => return Err(ApiError::internal()),
     };
     let bodies = questions
         .iter()
@@ -187,39 +175,29 @@ async fn separate_body<D: Decider>(
     let parts = answer_all(app, bodies, rid).await?;
     let elapsed = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
     let mut answers = Map::new();
-    let mut input = 0u64;
-    let mut output = 0u64;
+    let mut input = 0;
+    let mut output = 0;
     for (part, _) in &parts {
-        if let Some(a) = part.get("answers").and_then(Value::as_object) {
+        if let Some(a) = part.answers().as_object() {
             for (k, v) in a {
                 answers.insert(k.clone(), v.clone());
             }
         }
-        input += part["usage"]["input_tokens"].as_u64().unwrap_or(0);
-        output += part["usage"]["output_tokens"].as_u64().unwrap_or(0);
+        input += part.usage().input_tokens;
+        output += part.usage().output_tokens;
     }
     let answers = Value::Object(answers);
-    let output = app
-        .decider
-        .output_tokens(&answers)
-        .map(|n| n as u64)
-        .unwrap_or(output);
-    let model = parts
-        .first()
-        .and_then(|(p, _)| p.get("model").cloned())
-        .unwrap_or(Value::Null);
-    let mut out = Map::new();
-    out.insert("model".into(), model);
-    out.insert("answers".into(), answers);
-    out.insert(
-        "usage".into(),
-        json!({"input_tokens": input, "output_tokens": output}),
-    );
-    if let Some((p, _)) = parts.first() {
-        truncation_marks(&mut out, p);
+    let output = app.decider.output_tokens(&answers).unwrap_or(output);
+    let Some((first, _)) = parts.first() else {
+        return Err(ApiError::internal());
+    };
+    let mut out = ResponseBody::new(first.model(), answers, input, output);
+    for k in TRUNCATION_MARKS {
+        if let Some(v) = first.extension(k) {
+            out = out.extra(k, v.clone());
+        }
     }
-    out.insert("x_latency_ms".into(), json!(elapsed));
-    Ok(Value::Object(out))
+    Ok(out.extra("x_latency_ms", json!(elapsed)).to_value())
 }
 
 async fn permute<D: Decider>(
@@ -228,7 +206,7 @@ async fn permute<D: Decider>(
     body: Body,
 ) -> Response {
     let rid = crate::http::request_id(&headers);
-    respond(permute_body(&app, &headers, body, &rid).await)
+    respond(permute_body(&app, &headers, body, &rid).await, &rid)
 }
 
 /// The envelope `{request, question, n_perm, seed}`, checked as pydantic checks the author's model.
@@ -257,20 +235,17 @@ fn integer(v: &Value) -> Option<String> {
 
 fn parse_permute(v: Value) -> Result<Permute, ApiError> {
     let Value::Object(fields) = v else {
-        return Err(invalid(
+        return Err(ContractError::Invalid(vec![invalid(
             &[],
             "model_attributes_type",
             "Input should be a valid dictionary or object to extract fields from",
             v,
             None,
-        ));
+        )])
+        .into());
     };
-    let mut errors: Vec<Value> = Vec::new();
-    let mut push = |e: ApiError| {
-        if let Some(items) = e.body()["detail"].as_array() {
-            errors.extend(items.iter().cloned());
-        }
-    };
+    let mut errors: Vec<ErrorDetail> = Vec::new();
+    let mut push = |e: ErrorDetail| errors.push(e);
     let request = match fields.get("request") {
         Some(Value::Object(m)) => Some(m.clone()),
         Some(other) => {
@@ -369,24 +344,8 @@ fn parse_permute(v: Value) -> Result<Permute, ApiError> {
                 seed,
             })
         }
-        _ => Err(ApiError::with_body(422, json!({ "detail": errors }))),
+        _ => Err(ContractError::Invalid(errors).into()),
     }
-}
-
-/// A validation error of the inner request, re-rooted under `request` (`["body", "request", …]`).
-fn under_request(e: ApiError) -> ApiError {
-    let mut body = e.body().clone();
-    let Some(items) = body.get_mut("detail").and_then(Value::as_array_mut) else {
-        return e;
-    };
-    for item in items {
-        if let Some(loc) = item.get_mut("loc").and_then(Value::as_array_mut)
-            && loc.first() == Some(&json!("body"))
-        {
-            loc.insert(1, json!("request"));
-        }
-    }
-    ApiError::with_body(e.status().as_u16(), body)
 }
 
 async fn permute_body<D: Decider>(
@@ -401,17 +360,13 @@ async fn permute_body<D: Decider>(
     let decider = Arc::clone(&app.decider);
     tokio::task::spawn_blocking(move || decider.admit(&inner).map(|_| ()))
         .await
-        .map_err(|_| ApiError::internal(rid))?
-        .map_err(under_request)?;
+        .map_err(|_| ApiError::internal())?
+        .map_err(|e| e.under("request"))?;
     let not_choice = || {
-        ApiError::typed(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request_error",
-            format!(
-                "question {:?} must be an existing choice question of the request",
-                p.question
-            ),
-        )
+        ApiError::unanswerable(format!(
+            "question {:?} must be an existing choice question of the request",
+            p.question
+        ))
     };
     let q = p
         .request
@@ -449,36 +404,76 @@ async fn permute_body<D: Decider>(
     }
     let parts = answer_all(app, bodies, rid).await?;
     let mut runs = Vec::new();
-    let mut choices = Vec::new();
     for (order, (body, ms)) in orders.into_iter().zip(&parts) {
-        let a = &body["answers"][&p.question];
-        choices.push(a["choice"].clone());
-        runs.push(json!({
-            "order": order,
-            "probabilities": a["probabilities"],
-            "choice": a["choice"],
-            "latency_ms": ms,
-        }));
+        let a = &body.answers()[&p.question];
+        runs.push(PermuteRun {
+            order,
+            probabilities: a["probabilities"].clone(),
+            choice: a["choice"].clone(),
+            latency_ms: *ms,
+        });
     }
     let spread: Map<String, Value> = keys
         .iter()
         .map(|k| {
             let values = parts
                 .iter()
-                .filter_map(|(b, _)| b["answers"][&p.question]["probabilities"][k].as_f64());
+                .filter_map(|(b, _)| b.answers()[&p.question]["probabilities"][k].as_f64());
             let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
                 (lo.min(v), hi.max(v))
             });
             (k.clone(), json!(hi - lo))
         })
         .collect();
-    let stable = choices.windows(2).all(|w| w[0] == w[1]);
-    let mut out = Map::new();
-    out.insert("runs".into(), Value::Array(runs));
-    out.insert("argmax_stable".into(), json!(stable));
-    out.insert("spread".into(), Value::Object(spread));
-    if let Some((b, _)) = parts.first() {
-        truncation_marks(&mut out, b);
-    }
-    Ok(Value::Object(out))
+    let argmax_stable = runs.windows(2).all(|w| w[0].choice == w[1].choice);
+    let first = parts.first().map(|(b, _)| b);
+    let mark = |k: &str| first.and_then(|b| b.extension(k)).cloned();
+    let out = PermuteResponse {
+        runs,
+        argmax_stable,
+        spread,
+        x_truncated: mark(TRUNCATION_MARKS[0]),
+        x_state_tokens: mark(TRUNCATION_MARKS[1]),
+        x_state_tokens_used: mark(TRUNCATION_MARKS[2]),
+    };
+    serde_json::to_value(out).map_err(|_| ApiError::internal())
+}
+
+/// `POST /v1/systemone/permute`'s answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct PermuteResponse {
+    /// One run per option order, the given order first.
+    pub runs: Vec<PermuteRun>,
+    /// Whether every run chose the same option.
+    pub argmax_stable: bool,
+    /// Per option: max − min of its (rounded) probability over the runs.
+    #[schema(value_type = HashMap<String, f64>)]
+    pub spread: Map<String, Value>,
+    /// As `/v1/systemone` answers with `--truncate-state`: whether the state was cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<bool>)]
+    pub x_truncated: Option<Value>,
+    /// The state's tokens (truncating servers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>)]
+    pub x_state_tokens: Option<Value>,
+    /// The state tokens read (truncating servers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>)]
+    pub x_state_tokens_used: Option<Value>,
+}
+
+/// One option order's answer to the permuted question.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct PermuteRun {
+    /// The option keys in the order the model read them.
+    pub order: Vec<String>,
+    /// Per option key, its probability (rounded as `/v1/systemone` rounds).
+    #[schema(value_type = HashMap<String, f64>)]
+    pub probabilities: Value,
+    /// The chosen option key.
+    #[schema(value_type = String)]
+    pub choice: Value,
+    /// Engine time of this run (ms).
+    pub latency_ms: f64,
 }

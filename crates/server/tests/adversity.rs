@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
 use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Value, json};
 
@@ -39,15 +40,47 @@ struct Job {
     unit: usize,
 }
 
+/// A stub's 422: the contract's validation error with these `detail` entries.
+fn validation(body: Value) -> ApiError {
+    let details = body["detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| ErrorDetail {
+            kind: d["type"].as_str().unwrap().into(),
+            loc: d["loc"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| match l.as_u64() {
+                    Some(i) => LocItem::Index(i as usize),
+                    None => LocItem::Key(l.as_str().unwrap().into()),
+                })
+                .collect(),
+            msg: d["msg"].as_str().unwrap().into(),
+            input: d["input"].clone(),
+            ctx: None,
+        })
+        .collect();
+    ApiError::from(ContractError::Invalid(details))
+}
+
+/// A stub's answer, typed as the decider returns it.
+fn response(v: Value) -> ResponseBody {
+    ResponseBody::new(
+        v["model"].as_str().unwrap(),
+        v["answers"].clone(),
+        v["usage"]["input_tokens"].as_u64().unwrap() as usize,
+        v["usage"]["output_tokens"].as_u64().unwrap() as usize,
+    )
+}
+
 impl Decider for Stub {
     type Job = Job;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
         let v: Value = serde_json::from_slice(body).map_err(|_| {
-            ApiError::with_body(
-                422,
-                json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}),
-            )
+            validation(json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
         })?;
         let qs = v
             .get("questions")
@@ -108,8 +141,7 @@ impl Decider for Stub {
                     .iter()
                     .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
                     .collect();
-                Step::Done(Ok(
-                    json!({"model": job.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}),
+                Step::Done(Ok(response(json!({"model": job.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}})),
                 ))
             })
             .collect()

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
 use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Value, json};
 
@@ -26,19 +27,50 @@ struct Job {
     ids: Vec<String>,
 }
 
+/// A stub's 422: the contract's validation error with these `detail` entries.
+fn validation(body: Value) -> ApiError {
+    let details = body["detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| ErrorDetail {
+            kind: d["type"].as_str().unwrap().into(),
+            loc: d["loc"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| match l.as_u64() {
+                    Some(i) => LocItem::Index(i as usize),
+                    None => LocItem::Key(l.as_str().unwrap().into()),
+                })
+                .collect(),
+            msg: d["msg"].as_str().unwrap().into(),
+            input: d["input"].clone(),
+            ctx: None,
+        })
+        .collect();
+    ApiError::from(ContractError::Invalid(details))
+}
+
+/// A stub's answer, typed as the decider returns it.
+fn response(v: Value) -> ResponseBody {
+    ResponseBody::new(
+        v["model"].as_str().unwrap(),
+        v["answers"].clone(),
+        v["usage"]["input_tokens"].as_u64().unwrap() as usize,
+        v["usage"]["output_tokens"].as_u64().unwrap() as usize,
+    )
+}
+
 impl Decider for Stub {
     type Job = Job;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
         let v: Value = serde_json::from_slice(body).map_err(|_| {
-            ApiError::with_body(
-                422,
-                json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}),
-            )
+            validation(json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
         })?;
         let Some(qs) = v.get("questions").and_then(Value::as_object) else {
-            return Err(ApiError::with_body(
-                422,
+            return Err(validation(
                 json!({"detail":[{"type":"missing","loc":["body","questions"],"msg":"Field required","input":v}]}),
             ));
         };
@@ -79,8 +111,7 @@ impl Decider for Stub {
                     .iter()
                     .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
                     .collect();
-                Step::Done(Ok(
-                    json!({"model": j.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}),
+                Step::Done(Ok(response(json!({"model": j.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}})),
                 ))
             })
             .collect()
@@ -445,6 +476,11 @@ fn engine_panic_is_a_500_with_the_request_id_and_the_server_stays_up() {
     assert_eq!(status, 500);
     let v = json_of(resp);
     assert_error_type(&v, "api_error");
+    let message = v["detail"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("req-77"),
+        "the 500 names the request id: {v}"
+    );
     assert_eq!(send(post(&r), BODY.as_bytes()).0, 200);
     assert_eq!(send(agent().get(&r.url("/ready")), b"").0, 200);
 }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
 use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Map, Value, json};
 
@@ -40,20 +41,54 @@ fn choice_answer(criteria: &Map<String, Value>) -> Value {
     json!({"type": "choice", "choice": choice, "confidence": 0.5, "probabilities": probs})
 }
 
+/// A stub's 422: the contract's validation error with these `detail` entries.
+fn validation(body: Value) -> ApiError {
+    let details = body["detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| ErrorDetail {
+            kind: d["type"].as_str().unwrap().into(),
+            loc: d["loc"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| match l.as_u64() {
+                    Some(i) => LocItem::Index(i as usize),
+                    None => LocItem::Key(l.as_str().unwrap().into()),
+                })
+                .collect(),
+            msg: d["msg"].as_str().unwrap().into(),
+            input: d["input"].clone(),
+            ctx: None,
+        })
+        .collect();
+    ApiError::from(ContractError::Invalid(details))
+}
+
+/// A stub's answer, typed as the decider returns it.
+fn response(v: Value) -> ResponseBody {
+    ResponseBody::new(
+        v["model"].as_str().unwrap(),
+        v["answers"].clone(),
+        v["usage"]["input_tokens"].as_u64().unwrap() as usize,
+        v["usage"]["output_tokens"].as_u64().unwrap() as usize,
+    )
+}
+
 impl Decider for Stub {
     type Job = Value;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Value>, ApiError> {
         let v: Value = serde_json::from_slice(body).map_err(|_| {
-            ApiError::with_body(422, json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
+            validation(json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
         })?;
         let Some(qs) = v
             .get("questions")
             .and_then(Value::as_object)
             .filter(|q| !q.is_empty())
         else {
-            return Err(ApiError::with_body(
-                422,
+            return Err(validation(
                 json!({"detail":[{"type":"missing","loc":["body","questions"],"msg":"Field required","input":v}]}),
             ));
         };
@@ -85,11 +120,11 @@ impl Decider for Stub {
                         (id.clone(), a)
                     })
                     .collect();
-                Step::Done(Ok(json!({
+                Step::Done(Ok(response(json!({
                     "model": v.get("model").cloned().unwrap_or(json!("kev-latest")),
                     "answers": answers,
                     "usage": {"input_tokens": 10 + 5 * qs.len(), "output_tokens": 3 * qs.len()},
-                })))
+                }))))
             })
             .collect()
     }

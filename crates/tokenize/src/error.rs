@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use serde_json::{Value, json};
+use kev_contract::{ErrorBody, ErrorKind, WireError};
+use serde_json::Value;
 
 /// A `tokenizer.json` that cannot serve Kev.
 #[derive(Debug, thiserror::Error)]
@@ -128,25 +129,31 @@ fn thousands(n: usize) -> String {
 }
 
 impl TokenizeError {
-    /// HTTP status: 422 for a token limit, 413 for the per-request work cap, 500 for an encoder fault.
+    /// HTTP status: 422 for a token limit, 413 for the per-request work cap, 500 for an encoder fault (the
+    /// status table's rows, [`kev_contract::problem`]).
     pub fn status(&self) -> u16 {
+        self.kind().status()
+    }
+
+    /// The response body: `{"detail": {"error_type", "message"}}`.
+    pub fn body(&self) -> Value {
+        self.error_body().to_value()
+    }
+}
+
+impl WireError for TokenizeError {
+    fn kind(&self) -> ErrorKind {
         match self {
             TokenizeError::StateTooLong { .. }
             | TokenizeError::StateFarTooLong { .. }
-            | TokenizeError::BranchTooLong { .. } => 422,
-            TokenizeError::TooMuchWork { .. } => 413,
-            TokenizeError::Encode(_) => 500,
+            | TokenizeError::BranchTooLong { .. } => ErrorKind::OverLimit,
+            TokenizeError::TooMuchWork { .. } => ErrorKind::TooMuchWork,
+            TokenizeError::Encode(_) => ErrorKind::Internal,
         }
     }
 
-    /// The response body: `{"detail": {"error_type", "message"}}` (`invalid_request_error` for limits,
-    /// `internal_error` otherwise).
-    pub fn body(&self) -> Value {
-        let error_type = match self {
-            TokenizeError::Encode(_) => "internal_error",
-            _ => "invalid_request_error",
-        };
-        json!({ "detail": { "error_type": error_type, "message": self.to_string() } })
+    fn error_body(&self) -> ErrorBody {
+        ErrorBody::typed(self.kind(), self.to_string())
     }
 }
 

@@ -89,8 +89,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         "{}:{}: refused by the model ({}): {}",
                         args.data.display(),
                         l.number,
-                        r.status,
-                        r.body
+                        r.status(),
+                        r.body()
                     )
                 })
             })

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use kev_contract::WireError;
 use kev_decide::{Job, Kev};
 use kev_engine::CpuBackend;
 use serde_json::{Value, json};
@@ -77,10 +78,7 @@ fn one(
     let job = match admit(kev, &body, date_facts) {
         Ok(job) => job,
         Err(refusal) => {
-            println!(
-                "{}",
-                json!({"status": refusal.status, "body": refusal.body})
-            );
+            println!("{}", error_line(&refusal));
             return Ok(ExitCode::from(2));
         }
     };
@@ -90,6 +88,11 @@ fn one(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `{"status", "body"}`: a refusal or failure as the server would answer it.
+fn error_line(e: &impl WireError) -> Value {
+    json!({"status": e.kind().status(), "body": e.error_body().to_value()})
+}
+
 /// Run admitted jobs together; each result is a response body, or an error object for our failures.
 fn answer(kev: &Kev<CpuBackend>, jobs: &[&Job], debug: bool) -> Vec<Value> {
     kev.run(jobs)
@@ -97,13 +100,13 @@ fn answer(kev: &Kev<CpuBackend>, jobs: &[&Job], debug: bool) -> Vec<Value> {
         .zip(jobs)
         .map(|(r, job)| match r {
             Ok(decision) => {
-                let mut body = decision.body.clone();
+                let mut body = decision.body();
                 if debug && let Some(obj) = body.as_object_mut() {
                     obj.insert("x_debug".into(), kev.debug_info(job, &decision));
                 }
                 body
             }
-            Err(e) => json!({"status": 500, "body": {"detail": {"error_type": "api_error", "message": e.to_string()}}}),
+            Err(e) => error_line(&e),
         })
         .collect()
 }
@@ -138,10 +141,7 @@ fn many(
         // Admit each line; refused ones get their error object in place, the rest run together.
         let admitted: Vec<Result<Job, Value>> = chunk
             .iter()
-            .map(|line| {
-                admit(kev, line.as_bytes(), date_facts)
-                    .map_err(|r| json!({"status": r.status, "body": r.body}))
-            })
+            .map(|line| admit(kev, line.as_bytes(), date_facts).map_err(|r| error_line(&r)))
             .collect();
         let jobs: Vec<&Job> = admitted.iter().filter_map(|a| a.as_ref().ok()).collect();
         let mut results = answer(kev, &jobs, debug).into_iter();

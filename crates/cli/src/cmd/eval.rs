@@ -119,7 +119,12 @@ struct Local {
 impl Answerer for Local {
     fn answer(&mut self, line: &Line) -> anyhow::Result<Value> {
         let job = admit(&self.kev, &line.body, self.date_facts).map_err(|r| {
-            anyhow::anyhow!("line {}: refused ({}): {}", line.number, r.status, r.body)
+            anyhow::anyhow!(
+                "line {}: refused ({}): {}",
+                line.number,
+                r.status(),
+                r.body()
+            )
         })?;
         let d = self
             .kev
@@ -127,7 +132,7 @@ impl Answerer for Local {
             .pop()
             .context("no result")?
             .with_context(|| format!("line {}: the model failed", line.number))?;
-        Ok(d.body)
+        Ok(d.body())
     }
 }
 

@@ -88,10 +88,7 @@ impl Decider for ServedModel {
     type Job = Task<State>;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Task<State>>, ApiError> {
-        let job = admit(&self.kev, body, self.date_facts).map_err(|r| match r.over {
-            Some(o) => ApiError::too_much_work(o.field, o.bound, o.value, o.message()),
-            None => ApiError::with_body(r.status, r.body),
-        })?;
+        let job = admit(&self.kev, body, self.date_facts).map_err(|r| ApiError::from_wire(&r))?;
         Ok(Admission {
             tokens: job.tokens(),
             job: self.kev.task(job),
@@ -120,10 +117,11 @@ impl Decider for ServedModel {
             .into_iter()
             .map(|s| match s {
                 kev_decide::Step::Running => Step::Running,
-                kev_decide::Step::Done(Ok(d)) => Step::Done(Ok(d.body)),
+                kev_decide::Step::Done(Ok(d)) => Step::Done(Ok(d.response)),
                 kev_decide::Step::Done(Err(e)) => {
+                    // The cause stays in the log; the client's 500 names its request id.
                     tracing::error!(error = %e, "decision failed");
-                    Step::Done(Err(ApiError::internal("engine")))
+                    Step::Done(Err(ApiError::from_wire(&e)))
                 }
             })
             .collect()
@@ -131,7 +129,7 @@ impl Decider for ServedModel {
 
     fn warm_up(&self) -> Result<(), String> {
         let body = br#"{"state":"Warm-up: the engine answers one real decision before it is ready.","questions":{"ready":{"type":"noul","instructions":"Is the engine ready?"},"kind":{"type":"choice","instructions":"Which kind of text is this?","criteria":{"notice":null,"question":null}},"level":{"type":"score","instructions":"How formal is it?","criteria":["casual","neutral","formal"]}}}"#;
-        let job = self.kev.admit(body).map_err(|r| r.body.to_string())?;
+        let job = self.kev.admit(body).map_err(|r| r.to_string())?;
         let out = self.kev.run(&[&job]).pop().ok_or("no result")?;
         out.map(|_| ()).map_err(|e| e.to_string())
     }

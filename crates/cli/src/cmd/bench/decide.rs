@@ -380,7 +380,7 @@ fn service(l: &Loaded, arm: Arm, settings: Settings) -> anyhow::Result<Kev<CpuBa
 fn decide_once(kev: &Kev<CpuBackend>, body: &[u8]) -> anyhow::Result<Vec<Vec<f32>>> {
     let job = kev
         .admit(body)
-        .map_err(|r| anyhow::anyhow!("request refused ({}): {}", r.status, r.body))?;
+        .map_err(|r| anyhow::anyhow!("request refused ({}): {}", r.status(), r.body()))?;
     let decision = kev
         .run(&[&job])
         .pop()
