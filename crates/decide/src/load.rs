@@ -258,7 +258,7 @@ pub fn load_cpu_int8(
                 Err(r) => {
                     return Err(LoadError::Calibration {
                         index,
-                        reason: format!("refused ({}): {}", r.status, r.body),
+                        reason: format!("refused ({}): {r}", r.status()),
                     });
                 }
             }

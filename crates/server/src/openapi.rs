@@ -416,6 +416,8 @@ fn describe(kind: ErrorKind) -> &'static str {
             "Over a per-request work cap (questions, options, input tokens): names the field, limit and value"
         }
         ErrorKind::UnsupportedMedia => "Unsupported Content-Encoding, or a multipart body",
+        ErrorKind::UriTooLong => "The request target is over the server's limit",
+        ErrorKind::HeadTooLarge => "The request head (header count or bytes) is over the server's limits",
         ErrorKind::Validation => "Schema violation (pydantic's detail list)",
         ErrorKind::OverLimit => {
             "Over a token limit of the contract (state or row), or a question the route cannot use"
@@ -463,6 +465,12 @@ fn error_example(kind: ErrorKind) -> Value {
         .with("limit", json!(1024))
         .with("value", json!(2000))
         .to_value(),
+        ErrorKind::UriTooLong => {
+            typed("the request target is 9000 bytes, over the limit of 8192")
+        }
+        ErrorKind::HeadTooLarge => {
+            typed("the request has 101 header fields, over the limit of 100")
+        }
         ErrorKind::UnsupportedMedia => ApiError::unsupported_media(
             "unsupported Content-Encoding \"br\": send identity, gzip, zstd or deflate (stacked codings are decoded in order)",
         )
