@@ -5,7 +5,9 @@
 use std::time::Instant;
 
 use kev_engine::kernels::peak::process_cpu_seconds;
-use kev_engine::kernels::{Arm, Kernels, PackedMatrix, bf16_bits, bf16_to_f32, gemm};
+use kev_engine::kernels::{
+    Arm, Kernels, PackedMatrix, Rows, RowsMut, Run, bf16_bits, bf16_to_f32, gemm,
+};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -61,12 +63,36 @@ fn main() {
             let mut rates = Vec::new();
             let mut cpu_rates = Vec::new();
             for arm in [Arm::Fp32, Arm::Bf16] {
-                gemm(kern, arm, m, &a, lda, &packed, &mut c, n);
+                gemm(
+                    Run { kern, arm },
+                    Rows {
+                        m,
+                        data: &a,
+                        ld: lda,
+                    },
+                    &packed,
+                    RowsMut {
+                        data: &mut c,
+                        ld: n,
+                    },
+                );
                 let c0 = process_cpu_seconds();
                 let t: Vec<f64> = (0..reps)
                     .map(|_| {
                         let s = Instant::now();
-                        gemm(kern, arm, m, &a, lda, &packed, &mut c, n);
+                        gemm(
+                            Run { kern, arm },
+                            Rows {
+                                m,
+                                data: &a,
+                                ld: lda,
+                            },
+                            &packed,
+                            RowsMut {
+                                data: &mut c,
+                                ld: n,
+                            },
+                        );
                         s.elapsed().as_secs_f64()
                     })
                     .collect();

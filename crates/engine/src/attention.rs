@@ -15,7 +15,7 @@ use rayon::prelude::*;
 
 use crate::config::Qwen35Config;
 use crate::kernels::matmul::{Mat, matmul};
-use crate::kernels::{Kernels, SendPtr, math};
+use crate::kernels::{Kernels, Rows, RowsMut, SendPtr, math};
 use crate::model::AttnWeights;
 use crate::scratch::{AttnScratch, grow, with_tls};
 use crate::state::{KvCache, KvSeg};
@@ -57,27 +57,45 @@ pub(crate) fn rope_table(inv_freq: &[f32], pos0: usize, t: usize) -> (Vec<f32>, 
     (cos, sin)
 }
 
-/// Run one attention mixer over `t` tokens of one row at positions `pos0..pos0+t`.
+/// What one attention call runs with: the model, its kernels and RoPE frequencies, the layer's weights,
+/// and the row's position before the call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttnCall<'a> {
+    pub cfg: &'a Qwen35Config,
+    pub kern: Kernels,
+    pub inv_freq: &'a [f32],
+    pub weights: &'a AttnWeights,
+    pub pos0: usize,
+}
+
+/// Run one attention mixer over the `proj.m` tokens of one row at positions `pos0..pos0 + proj.m`.
 ///
-/// `proj` holds the fused projection rows (`[q+gate interleaved per head | k | v]`, stride `ldp`); the
-/// gated attention output (the input of `o_proj`) goes to `core` (`t` rows of `heads·head_dim`, stride
-/// `ldc`). This call's keys
+/// `proj` holds the fused projection rows (`[q+gate interleaved per head | k | v]`); the gated attention
+/// output (the input of `o_proj`) goes to `core` (one row of `heads·head_dim` per token). This call's keys
 /// and values are appended to `kv` as a new shared segment.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
-    cfg: &Qwen35Config,
-    kern: Kernels,
-    inv_freq: &[f32],
-    a: &AttnWeights,
-    proj: &[f32],
-    ldp: usize,
-    t: usize,
-    pos0: usize,
+    call: AttnCall<'_>,
+    proj: Rows<'_>,
     kv: &mut KvCache,
-    core: &mut [f32],
-    ldc: usize,
+    core: RowsMut<'_>,
     ws: &mut AttnScratch,
 ) {
+    let AttnCall {
+        cfg,
+        kern,
+        inv_freq,
+        weights: a,
+        pos0,
+    } = call;
+    let Rows {
+        m: t,
+        data: proj,
+        ld: ldp,
+    } = proj;
+    let RowsMut {
+        data: core,
+        ld: ldc,
+    } = core;
     let (nh, nkv, hd) = (
         cfg.num_attention_heads,
         cfg.num_key_value_heads,

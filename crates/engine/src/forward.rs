@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::attention;
+use crate::attention::{self, AttnCall};
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
-use crate::gdn;
-use crate::kernels::{Arm, Kernels};
+use crate::gdn::{self, GdnCall};
+use crate::kernels::{Arm, Kernels, Rows, RowsMut, Run};
 use crate::model::{Backbone, Mixer};
 use crate::scratch::{Workspace, grow};
 use crate::state::{GdnState, LayerState, State};
@@ -75,6 +75,15 @@ pub(crate) fn rms_norm_rows(x: &[f32], w1p: &[f32], eps: f32, y: &mut [f32]) {
         });
 }
 
+/// The buffers of a layer's MLP half, shared by every layer of a forward pass: the normed input, the
+/// fused gate/up output, the activation and the down projection's output.
+struct MlpBufs<'a> {
+    hn: &'a mut [f32],
+    gu: &'a mut [f32],
+    act: &'a mut [f32],
+    out: &'a mut [f32],
+}
+
 fn add_rows(x: &mut [f32], d: &[f32]) {
     x.par_chunks_mut(4096)
         .zip(d.par_chunks(4096))
@@ -88,31 +97,37 @@ fn add_rows(x: &mut [f32], d: &[f32]) {
 impl Backbone {
     /// The post-attention half of layer `li` on the first `m` rows of `x`: `x += down(silu(gate(h)) · up(h))`
     /// with `h = RMSNorm1p(x)`.
-    #[allow(clippy::too_many_arguments)]
-    fn mlp(
-        &self,
-        arm: Arm,
-        li: usize,
-        m: usize,
-        x: &mut [f32],
-        hn: &mut [f32],
-        gu: &mut [f32],
-        act: &mut [f32],
-        out: &mut [f32],
-    ) {
+    fn mlp(&self, arm: Arm, li: usize, m: usize, x: &mut [f32], bufs: MlpBufs<'_>) {
+        let MlpBufs { hn, gu, act, out } = bufs;
         let (kern, h, im) = (self.kern, self.cfg.hidden_size, self.cfg.intermediate_size);
+        let run = Run { kern, arm };
         let (ldg, lda) = (2 * im + 16, im + 16);
         let layer = &self.layers[li];
         let (x, hn) = (&mut x[..m * h], &mut hn[..m * h]);
         rms_norm_rows(x, &layer.post_norm, self.cfg.rms_norm_eps, hn);
-        layer.gate_up.apply(kern, arm, m, hn, h, gu, ldg);
+        layer.gate_up.apply(
+            run,
+            Rows { m, data: hn, ld: h },
+            RowsMut { data: gu, ld: ldg },
+        );
         act[..m * lda]
             .par_chunks_mut(lda)
             .zip(gu.par_chunks(ldg))
             .for_each(|(a, g)| {
                 crate::kernels::math::swiglu(kern, &g[..im], &g[im..2 * im], &mut a[..im]);
             });
-        layer.down.apply(kern, arm, m, act, lda, out, h);
+        layer.down.apply(
+            run,
+            Rows {
+                m,
+                data: act,
+                ld: lda,
+            },
+            RowsMut {
+                data: &mut *out,
+                ld: h,
+            },
+        );
         add_rows(x, &out[..m * h]);
     }
 
@@ -153,6 +168,7 @@ impl Backbone {
             check_row(cfg, r.state, r.tokens, r.wanted)?;
         }
         let kern: Kernels = self.kern;
+        let run = Run { kern, arm };
         let h = cfg.hidden_size;
         let mut offs = Vec::with_capacity(rows.len() + 1);
         offs.push(0usize);
@@ -216,7 +232,18 @@ impl Backbone {
             let (oproj, cw) = match &layer.mixer {
                 Mixer::Gdn(g) => {
                     let ldp = g.in_proj.w.n();
-                    g.in_proj.apply(kern, arm, tot, hn, h, proj, ldp);
+                    g.in_proj.apply(
+                        run,
+                        Rows {
+                            m: tot,
+                            data: hn,
+                            ld: h,
+                        },
+                        RowsMut {
+                            data: proj,
+                            ld: ldp,
+                        },
+                    );
                     for (ri, r) in rows.iter_mut().enumerate() {
                         let (a, b) = (offs[ri], offs[ri + 1]);
                         if a == b {
@@ -233,15 +260,21 @@ impl Backbone {
                             None => GdnState::zeros(cfg),
                         };
                         gdn::run(
-                            cfg,
-                            kern,
-                            g,
-                            &proj[a * ldp..b * ldp],
-                            ldp,
-                            b - a,
+                            GdnCall {
+                                cfg,
+                                kern,
+                                weights: g,
+                            },
+                            Rows {
+                                m: b - a,
+                                data: &proj[a * ldp..b * ldp],
+                                ld: ldp,
+                            },
                             &mut own,
-                            &mut core[a * ldc..b * ldc],
-                            ldc,
+                            RowsMut {
+                                data: &mut core[a * ldc..b * ldc],
+                                ld: ldc,
+                            },
                             gdn_ws,
                         );
                         *st = Some(Arc::new(own));
@@ -250,7 +283,18 @@ impl Backbone {
                 }
                 Mixer::Attn(at) => {
                     let ldp = at.qkv.w.n();
-                    at.qkv.apply(kern, arm, tot, hn, h, proj, ldp);
+                    at.qkv.apply(
+                        run,
+                        Rows {
+                            m: tot,
+                            data: hn,
+                            ld: h,
+                        },
+                        RowsMut {
+                            data: proj,
+                            ld: ldp,
+                        },
+                    );
                     for (ri, r) in rows.iter_mut().enumerate() {
                         let (a, b) = (offs[ri], offs[ri + 1]);
                         if a == b {
@@ -261,17 +305,23 @@ impl Backbone {
                             unreachable!("state layout checked")
                         };
                         attention::run(
-                            cfg,
-                            kern,
-                            &self.inv_freq,
-                            at,
-                            &proj[a * ldp..b * ldp],
-                            ldp,
-                            b - a,
-                            pos0,
+                            AttnCall {
+                                cfg,
+                                kern,
+                                inv_freq: &self.inv_freq,
+                                weights: at,
+                                pos0,
+                            },
+                            Rows {
+                                m: b - a,
+                                data: &proj[a * ldp..b * ldp],
+                                ld: ldp,
+                            },
                             kv,
-                            &mut core[a * ldc..b * ldc],
-                            ldc,
+                            RowsMut {
+                                data: &mut core[a * ldc..b * ldc],
+                                ld: ldc,
+                            },
                             attn_ws,
                         );
                     }
@@ -279,9 +329,17 @@ impl Backbone {
                 }
             };
             if li + 1 < self.layers.len() {
-                oproj.apply(kern, arm, tot, core, ldc, out, h);
+                oproj.apply(
+                    run,
+                    Rows {
+                        m: tot,
+                        data: core,
+                        ld: ldc,
+                    },
+                    RowsMut { data: out, ld: h },
+                );
                 add_rows(&mut x[..tot * h], &out[..tot * h]);
-                self.mlp(arm, li, tot, x, hn, gu, act, out);
+                self.mlp(arm, li, tot, x, MlpBufs { hn, gu, act, out });
             } else {
                 // Past the last mixer only the wanted positions matter: finish those rows alone
                 // (every step from here is per token, so the values are the same bits).
@@ -295,9 +353,17 @@ impl Backbone {
                     }
                 }
                 x[..ms * h].copy_from_slice(&hn[..ms * h]);
-                oproj.apply(kern, arm, ms, proj, ldc, out, h);
+                oproj.apply(
+                    run,
+                    Rows {
+                        m: ms,
+                        data: proj,
+                        ld: ldc,
+                    },
+                    RowsMut { data: out, ld: h },
+                );
                 add_rows(&mut x[..ms * h], &out[..ms * h]);
-                self.mlp(arm, li, ms, x, hn, gu, act, out);
+                self.mlp(arm, li, ms, x, MlpBufs { hn, gu, act, out });
             }
         }
 

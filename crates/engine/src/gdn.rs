@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::config::Qwen35Config;
 use crate::kernels::matmul::{Mat, matmul, transpose};
-use crate::kernels::{Kernels, math, wide};
+use crate::kernels::{Kernels, Rows, RowsMut, math, wide};
 use crate::model::GdnWeights;
 use crate::scratch::{GdnScratch, grow, with_tls};
 use crate::state::GdnState;
@@ -17,24 +17,39 @@ use crate::state::GdnState;
 /// Chunk length of the delta rule.
 pub const CHUNK: usize = 64;
 
-/// Run one GDN mixer over `t` tokens of one row.
+/// What one GDN call runs with: the model, its kernels and the layer's weights.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GdnCall<'a> {
+    pub cfg: &'a Qwen35Config,
+    pub kern: Kernels,
+    pub weights: &'a GdnWeights,
+}
+
+/// Run one GDN mixer over the `proj.m` tokens of one row.
 ///
-/// `proj` holds the fused input projection rows (`[qkv | z | b | a]`, stride `ldp`); the gated-norm output
-/// (the input of `out_proj`) goes to `core` (`t` rows of `value_dim`, stride `ldc`); `st` is advanced in
-/// place.
-#[allow(clippy::too_many_arguments)]
+/// `proj` holds the fused input projection rows (`[qkv | z | b | a]`); the gated-norm output (the input
+/// of `out_proj`) goes to `core` (one row of `value_dim` per token); `st` is advanced in place.
 pub(crate) fn run(
-    cfg: &Qwen35Config,
-    kern: Kernels,
-    g: &GdnWeights,
-    proj: &[f32],
-    ldp: usize,
-    t: usize,
+    call: GdnCall<'_>,
+    proj: Rows<'_>,
     st: &mut GdnState,
-    core: &mut [f32],
-    ldc: usize,
+    core: RowsMut<'_>,
     ws: &mut GdnScratch,
 ) {
+    let GdnCall {
+        cfg,
+        kern,
+        weights: g,
+    } = call;
+    let Rows {
+        m: t,
+        data: proj,
+        ld: ldp,
+    } = proj;
+    let RowsMut {
+        data: core,
+        ld: ldc,
+    } = core;
     let (nk, nv, dk, dv) = (
         cfg.linear_num_key_heads,
         cfg.linear_num_value_heads,
@@ -133,17 +148,15 @@ pub(crate) fn run(
                 cols: dv,
                 ld: cd,
             };
-            delta_rule_head(
-                kern,
-                &qn[j * t * dk..(j + 1) * t * dk],
-                &kn[j * t * dk..(j + 1) * t * dk],
+            let head = HeadInputs {
+                q: &qn[j * t * dk..(j + 1) * t * dk],
+                k: &kn[j * t * dk..(j + 1) * t * dk],
                 v,
-                &beta[h * t..(h + 1) * t],
-                &gl[h * t..(h + 1) * t],
+                beta: &beta[h * t..(h + 1) * t],
+                g: &gl[h * t..(h + 1) * t],
                 dk,
-                s,
-                o,
-            );
+            };
+            delta_rule_head(kern, head, s, o);
         });
     let heads_out: &[f32] = heads_out;
 
@@ -186,22 +199,47 @@ fn l2norm(src: &[f32], dst: &mut [f32], scale: Option<f32>) {
     }
 }
 
-/// The gated delta rule for one value head over `t` tokens, chunk by chunk.
-///
-/// `q`, `k`: `[t, dk]` (normalised, q scaled); `v`: `[t, dv]`; `beta`, `g`: `[t]`; `s`: the `[dk, dv]`
-/// state, updated in place; `o`: `[t, dv]` output.
-#[allow(clippy::too_many_arguments)]
-fn delta_rule_head(
-    kern: Kernels,
-    q: &[f32],
-    k: &[f32],
-    v: Mat<'_>,
-    beta: &[f32],
-    g: &[f32],
+/// One value head's inputs to the delta rule over `t` tokens: `q`, `k` `[t, dk]` (normalised, q
+/// scaled), `v` `[t, dv]`, the gates `beta` and `g` `[t]`.
+#[derive(Debug, Clone, Copy)]
+struct HeadInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: Mat<'a>,
+    beta: &'a [f32],
+    g: &'a [f32],
     dk: usize,
-    s: &mut [f32],
-    o: &mut [f32],
-) {
+}
+
+/// The scratch of one head's chunk loop, each sized for one chunk (see [`delta_rule_head`]).
+struct ChunkBufs<'a> {
+    /// `[β⊙K ; Q]`.
+    kbq: &'a mut [f32],
+    /// `Kᵀ`.
+    kt: &'a mut [f32],
+    /// `[A ; P]`.
+    ap: &'a mut [f32],
+    decay: &'a mut [f32],
+    /// `U`, then `V'`.
+    u: &'a mut [f32],
+    /// `[W ; Q⊙e^γ]`.
+    wq: &'a mut [f32],
+    /// `[W·S ; (Q⊙e^γ)·S]`.
+    ws: &'a mut [f32],
+    /// `P·V'`.
+    pv: &'a mut [f32],
+    /// `(K⊙e^{γ_last−γ})ᵀ`.
+    kdt: &'a mut [f32],
+    supd: &'a mut [f32],
+    cum: &'a mut [f32],
+    ecum: &'a mut [f32],
+    etail: &'a mut [f32],
+}
+
+/// The gated delta rule for one value head over `t` tokens, chunk by chunk: `s`, the `[dk, dv]` state, is
+/// updated in place; `o` gets the `[t, dv]` output.
+fn delta_rule_head(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32]) {
+    let HeadInputs { v, dk, .. } = head;
     let dv = v.cols;
     let c = CHUNK;
     let sizes = [
@@ -226,124 +264,89 @@ fn delta_rule_head(
             rest = b;
             a
         };
-        let (kbq, kt, ap, decay, u, wq, ws, pv, kdt, supd, cum, ecum, etail) = (
-            take(sizes[0]),
-            take(sizes[1]),
-            take(sizes[2]),
-            take(sizes[3]),
-            take(sizes[4]),
-            take(sizes[5]),
-            take(sizes[6]),
-            take(sizes[7]),
-            take(sizes[8]),
-            take(sizes[9]),
-            take(sizes[10]),
-            take(sizes[11]),
-            take(sizes[12]),
-        );
-        chunks(
-            kern,
-            q,
-            k,
-            v,
-            beta,
-            g,
-            dk,
-            s,
-            o,
-            [
-                kbq, kt, ap, decay, u, wq, ws, pv, kdt, supd, cum, ecum, etail,
-            ],
-        );
+        let bufs = ChunkBufs {
+            kbq: take(sizes[0]),
+            kt: take(sizes[1]),
+            ap: take(sizes[2]),
+            decay: take(sizes[3]),
+            u: take(sizes[4]),
+            wq: take(sizes[5]),
+            ws: take(sizes[6]),
+            pv: take(sizes[7]),
+            kdt: take(sizes[8]),
+            supd: take(sizes[9]),
+            cum: take(sizes[10]),
+            ecum: take(sizes[11]),
+            etail: take(sizes[12]),
+        };
+        chunks(kern, head, s, o, bufs);
     });
 }
 
 /// The chunk loop of [`delta_rule_head`] on caller-provided buffers. The element-wise loops inside
 /// (scaling, forward substitution) vectorise to the kernels' instruction set (AVX2 or AVX-512); they are plain loops
 /// without reassociation, so the results are the same either way.
-#[allow(clippy::too_many_arguments)]
-fn chunks(
-    kern: Kernels,
-    q: &[f32],
-    k: &[f32],
-    v: Mat<'_>,
-    beta: &[f32],
-    g: &[f32],
-    dk: usize,
-    s: &mut [f32],
-    o: &mut [f32],
-    bufs: [&mut [f32]; 13],
-) {
+fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], bufs: ChunkBufs<'_>) {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::kernels::Isa;
         /// # Safety
         /// AVX-512F must be available.
         #[target_feature(enable = "avx512f,avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
         unsafe fn zmm(
             kern: Kernels,
-            q: &[f32],
-            k: &[f32],
-            v: Mat<'_>,
-            beta: &[f32],
-            g: &[f32],
-            dk: usize,
+            head: HeadInputs<'_>,
             s: &mut [f32],
             o: &mut [f32],
-            bufs: [&mut [f32]; 13],
+            bufs: ChunkBufs<'_>,
         ) {
-            chunks_impl(kern, q, k, v, beta, g, dk, s, o, bufs)
+            chunks_impl(kern, head, s, o, bufs)
         }
         /// # Safety
         /// AVX2 and FMA must be available.
         #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
         unsafe fn ymm(
             kern: Kernels,
-            q: &[f32],
-            k: &[f32],
-            v: Mat<'_>,
-            beta: &[f32],
-            g: &[f32],
-            dk: usize,
+            head: HeadInputs<'_>,
             s: &mut [f32],
             o: &mut [f32],
-            bufs: [&mut [f32]; 13],
+            bufs: ChunkBufs<'_>,
         ) {
-            chunks_impl(kern, q, k, v, beta, g, dk, s, o, bufs)
+            chunks_impl(kern, head, s, o, bufs)
         }
         match kern.isa() {
             // SAFETY: the kernels' instruction set is one this CPU has.
             Isa::Avx512 | Isa::Avx512Bf16 => {
-                return unsafe { zmm(kern, q, k, v, beta, g, dk, s, o, bufs) };
+                return unsafe { zmm(kern, head, s, o, bufs) };
             }
             // SAFETY: as above.
-            Isa::Avx2 => return unsafe { ymm(kern, q, k, v, beta, g, dk, s, o, bufs) },
+            Isa::Avx2 => return unsafe { ymm(kern, head, s, o, bufs) },
             _ => {}
         }
     }
-    chunks_impl(kern, q, k, v, beta, g, dk, s, o, bufs)
+    chunks_impl(kern, head, s, o, bufs)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn chunks_impl(
     kern: Kernels,
-    q: &[f32],
-    k: &[f32],
-    v: Mat<'_>,
-    beta: &[f32],
-    g: &[f32],
-    dk: usize,
+    head: HeadInputs<'_>,
     s: &mut [f32],
     o: &mut [f32],
-    bufs: [&mut [f32]; 13],
+    bufs: ChunkBufs<'_>,
 ) {
+    let HeadInputs {
+        q,
+        k,
+        v,
+        beta,
+        g,
+        dk,
+    } = head;
     let t = beta.len();
     let dv = v.cols;
     let c = CHUNK;
-    let [
+    let ChunkBufs {
         kbq,
         kt,
         ap,
@@ -357,7 +360,7 @@ fn chunks_impl(
         cum,
         ecum,
         etail,
-    ] = bufs;
+    } = bufs;
     let mut t0 = 0;
     while t0 < t {
         let l = (t - t0).min(c);
@@ -530,17 +533,16 @@ mod tests {
     use super::*;
 
     /// The per-token recurrence of qwen35-arch §4.6 for one head.
-    #[allow(clippy::too_many_arguments)]
-    fn recurrent(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        beta: &[f32],
-        g: &[f32],
-        dk: usize,
-        dv: usize,
-        s: &mut [f32],
-    ) -> Vec<f32> {
+    fn recurrent(head: HeadInputs<'_>, s: &mut [f32]) -> Vec<f32> {
+        let HeadInputs {
+            q,
+            k,
+            v,
+            beta,
+            g,
+            dk,
+        } = head;
+        let (dv, v) = (v.cols, |i: usize, b: usize| v.data[i * v.ld + b]);
         let t = beta.len();
         let mut o = vec![0f32; t * dv];
         for i in 0..t {
@@ -555,7 +557,7 @@ mod tests {
                 for a in 0..dk {
                     p += s[a * dv + b] * kk[a];
                 }
-                u[b] = beta[i] * (v[i * dv + b] - p);
+                u[b] = beta[i] * (v(i, b) - p);
             }
             for a in 0..dk {
                 for b in 0..dv {
@@ -611,20 +613,18 @@ mod tests {
                     .collect();
                 let s0 = rand_vec(dk * dv, &mut seed, 0.5);
                 let mut s_ref = s0.clone();
-                let o_ref = recurrent(&q, &k, &v, &beta, &g, dk, dv, &mut s_ref);
+                let head = HeadInputs {
+                    q: &q,
+                    k: &k,
+                    v: Mat::new(&v, t, dv),
+                    beta: &beta,
+                    g: &g,
+                    dk,
+                };
+                let o_ref = recurrent(head, &mut s_ref);
                 let mut s = s0.clone();
                 let mut o = vec![0f32; t * dv];
-                delta_rule_head(
-                    kern,
-                    &q,
-                    &k,
-                    Mat::new(&v, t, dv),
-                    &beta,
-                    &g,
-                    dk,
-                    &mut s,
-                    &mut o,
-                );
+                delta_rule_head(kern, head, &mut s, &mut o);
                 let max_o = o_ref.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let err_o = o
                     .iter()

@@ -14,7 +14,7 @@ use crate::error::EngineError;
 use crate::kernels::pack::{Part, Source};
 use rayon::prelude::*;
 
-use crate::kernels::{Arm, Kernels, PackedMatrix, SendPtr, gemm, matmul};
+use crate::kernels::{Arm, Kernels, PackedMatrix, Rows, RowsMut, Run, SendPtr, gemm, matmul};
 use crate::lora::{LoraAdapter, LoraPair};
 use crate::scratch::with_tls;
 use crate::weights::{self, Checkpoint, Projection, Tensor, Weights};
@@ -50,18 +50,15 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
-    /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over `m` rows.
-    #[allow(clippy::too_many_arguments)]
-    pub fn apply(
-        &self,
-        kern: Kernels,
-        arm: Arm,
-        m: usize,
-        x: &[f32],
-        ldx: usize,
-        out: &mut [f32],
-        ldo: usize,
-    ) {
+    /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over the `x.m` rows.
+    pub fn apply(&self, run: Run, x: Rows<'_>, out: RowsMut<'_>) {
+        let Run { kern, arm } = run;
+        let Rows {
+            m,
+            data: x,
+            ld: ldx,
+        } = x;
+        let RowsMut { data: out, ld: ldo } = out;
         assert!(
             arm == Arm::Int8 || !self.w.float_dropped(),
             "this model keeps int8 weights only: the {} arm cannot run it",
@@ -81,7 +78,19 @@ impl Linear {
         {
             crate::calibrate::observe(r, m, x, ldx);
         }
-        gemm(kern, arm, m, x, ldx, &self.w, out, ldo);
+        gemm(
+            Run { kern, arm },
+            Rows {
+                m,
+                data: x,
+                ld: ldx,
+            },
+            &self.w,
+            RowsMut {
+                data: &mut *out,
+                ld: ldo,
+            },
+        );
         if self.loras.is_empty() {
             return;
         }

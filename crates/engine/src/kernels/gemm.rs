@@ -41,21 +41,47 @@ thread_local! {
     static SCRATCH_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `C[i, j] = Σ_k A[i, k] · W[j, k]` for `i < m`, `j < w.n()`; `A` row-major with stride `lda`, `C` with
-/// stride `ldc` (only the first `w.n()` columns of each row are written).
+/// Which kernels run a product, and in which arithmetic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    /// The instruction set's kernels.
+    pub kern: Kernels,
+    /// The arithmetic (fp32, bf16 or int8 weights).
+    pub arm: Arm,
+}
+
+/// The activations of a product: `m` rows of a row-major matrix, row `i` at `data[i · ld..]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    /// Rows.
+    pub m: usize,
+    /// The row-major values (at least `(m − 1) · ld + k` of them).
+    pub data: &'a [f32],
+    /// Row stride.
+    pub ld: usize,
+}
+
+/// Where a product's rows go: row `i` at `data[i · ld..]` (as many rows as its [`Rows`]).
+#[derive(Debug)]
+pub struct RowsMut<'a> {
+    /// The row-major values.
+    pub data: &'a mut [f32],
+    /// Row stride.
+    pub ld: usize,
+}
+
+/// `C[i, j] = Σ_k A[i, k] · W[j, k]` for `i < a.m`, `j < w.n()`; `A` row-major with stride `a.ld`, `C`
+/// with stride `c.ld` (only the first `w.n()` columns of each row are written).
 ///
 /// Panics if the slices are too short for the given sizes and strides (a caller bug, not an input error).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    kern: Kernels,
-    arm: Arm,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    w: &PackedMatrix,
-    c: &mut [f32],
-    ldc: usize,
-) {
+pub fn gemm(run: Run, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>) {
+    let Run { kern, arm } = run;
+    let Rows {
+        m,
+        data: a,
+        ld: lda,
+    } = a;
+    let RowsMut { data: c, ld: ldc } = c;
     let (n, k) = (w.n(), w.k());
     if m == 0 || n == 0 {
         return;
@@ -82,7 +108,17 @@ pub fn gemm(
     if bf16_hw {
         SCRATCH_U32.with(|s| {
             let mut buf = std::mem::take(&mut *s.borrow_mut());
-            gemm_bf16_hw(kern, m, a, lda, w, c, ldc, &mut buf);
+            gemm_bf16_hw(
+                kern,
+                Rows {
+                    m,
+                    data: a,
+                    ld: lda,
+                },
+                w,
+                RowsMut { data: c, ld: ldc },
+                &mut buf,
+            );
             *s.borrow_mut() = buf;
         });
     } else if arm == Arm::Bf16 {
@@ -231,11 +267,17 @@ impl Kernel for PanelF32<'_> {
                     }
                     let next = next_group.then_some(&nrows);
                     unsafe {
-                        let cblk = c.add(i0 * ldc + p * NR);
+                        let tile = Tile {
+                            c: c.add(i0 * ldc + p * NR),
+                            ldc,
+                            rows,
+                            ncols,
+                            load: kb > 0,
+                        };
                         if S::WIDE_TILE >= 4 {
-                            ukr_f32::<S, 4>(kc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0, next);
+                            ukr_f32::<S, 4>(kc, &arows, bptr, tile, next);
                         } else {
-                            ukr_f32::<S, 2>(kc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0, next);
+                            ukr_f32::<S, 2>(kc, &arows, bptr, tile, next);
                         }
                     }
                     i0 += MR;
@@ -247,17 +289,13 @@ impl Kernel for PanelF32<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemm_bf16_hw(
-    kern: Kernels,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    w: &PackedMatrix,
-    c: &mut [f32],
-    ldc: usize,
-    abuf: &mut Vec<u32>,
-) {
+fn gemm_bf16_hw(kern: Kernels, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>, abuf: &mut Vec<u32>) {
+    let Rows {
+        m,
+        data: a,
+        ld: lda,
+    } = a;
+    let RowsMut { data: c, ld: ldc } = c;
     let (n, k, kp) = (w.n(), w.k(), w.kp());
     let Store::Bf16(d) = w.store() else {
         unreachable!("bf16 path is only taken for bf16 storage")
@@ -308,7 +346,18 @@ fn gemm_bf16_hw(
                     unsafe {
                         let cblk = cp.get().add(i0 * ldc + p * NR);
                         #[cfg(target_arch = "x86_64")]
-                        super::x86::ukr_bf16(kpc, &arows, bptr, cblk, ldc, rows, ncols, kb > 0);
+                        super::x86::ukr_bf16(
+                            kpc,
+                            &arows,
+                            bptr,
+                            Tile {
+                                c: cblk,
+                                ldc,
+                                rows,
+                                ncols,
+                                load: kb > 0,
+                            },
+                        );
                         #[cfg(not(target_arch = "x86_64"))]
                         let _ = (kpc, bptr, cblk, ncols);
                     }
@@ -389,25 +438,38 @@ fn round_pairs(kern: Kernels, src: &[f32], dst: &mut [u32]) {
     }
 }
 
+/// The block of C one microkernel call writes: `rows` rows of stride `ldc` from `c`, the first
+/// `ncols ≤ NR` columns of each; `load` adds to what is there (every input block after the first).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tile {
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub rows: usize,
+    pub ncols: usize,
+    pub load: bool,
+}
+
 /// GEMM microkernel, fp32 arm: `C[0..rows, 0..ncols] (+)= Σ_k A[k][r] · B[k][j]` over `kc` steps, in
 /// column blocks of `NV` vectors (one block of 64 on AVX-512: 24 accumulators; four of 16 on AVX2: 12).
 ///
 /// # Safety
-/// Each `a[r]` addresses `kc` f32 of one activation row, `b` holds `kc · NR` f32 (`[k][NR]`), `c`
-/// addresses `rows` rows of stride `ldc` with `ncols ≤ NR` writable columns.
+/// Each `a[r]` addresses `kc` f32 of one activation row, `b` holds `kc · NR` f32 (`[k][NR]`), `tile.c`
+/// addresses `tile.rows` rows of stride `tile.ldc` with `tile.ncols ≤ NR` writable columns.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn ukr_f32<S: Simd, const NV: usize>(
     kc: usize,
     a: &[*const f32; MR],
     b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    rows: usize,
-    ncols: usize,
-    load: bool,
+    tile: Tile,
     next: Option<&[*const f32; MR]>,
 ) {
+    let Tile {
+        c,
+        ldc,
+        rows,
+        ncols,
+        load,
+    } = tile;
     // SAFETY: the caller guarantees the extents documented above.
     unsafe {
         let mut j0 = 0;
@@ -539,7 +601,19 @@ mod tests {
                     for arm in [Arm::Fp32, Arm::Bf16] {
                         let ldc = n + 5;
                         let mut c = vec![f32::NAN; m * ldc];
-                        gemm(kern, arm, m, &a, lda, &pm, &mut c, ldc);
+                        gemm(
+                            Run { kern, arm },
+                            Rows {
+                                m,
+                                data: &a,
+                                ld: lda,
+                            },
+                            &pm,
+                            RowsMut {
+                                data: &mut c,
+                                ld: ldc,
+                            },
+                        );
                         let (want, mag) = exact(m, &a, lda, &w, n, k, arm == Arm::Bf16);
                         for i in 0..m {
                             for j in 0..n {
@@ -573,14 +647,34 @@ mod tests {
         for kern in all_kernels() {
             for arm in [Arm::Fp32, Arm::Bf16] {
                 let mut all = vec![0f32; m * n];
-                gemm(kern, arm, m, &a, k, &pm, &mut all, n);
+                gemm(
+                    Run { kern, arm },
+                    Rows { m, data: &a, ld: k },
+                    &pm,
+                    RowsMut {
+                        data: &mut all,
+                        ld: n,
+                    },
+                );
                 for start in [0, 1, 5, 17] {
                     for len in [1, 2, 6, 7] {
                         if start + len > m {
                             continue;
                         }
                         let mut part = vec![0f32; len * n];
-                        gemm(kern, arm, len, &a[start * k..], k, &pm, &mut part, n);
+                        gemm(
+                            Run { kern, arm },
+                            Rows {
+                                m: len,
+                                data: &a[start * k..],
+                                ld: k,
+                            },
+                            &pm,
+                            RowsMut {
+                                data: &mut part,
+                                ld: n,
+                            },
+                        );
                         assert_eq!(
                             &part[..],
                             &all[start * n..(start + len) * n],

@@ -27,7 +27,7 @@ pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
 
-pub use gemm::gemm;
+pub use gemm::{Rows, RowsMut, Run, gemm};
 pub use int8::PackedInt8;
 pub use pack::PackedMatrix;
 

@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::Isa;
-use super::gemm::MR;
+use super::gemm::{MR, Tile};
 use super::pack::NR;
 use super::simd::{Kernel, Simd};
 
@@ -323,19 +323,17 @@ impl Simd for Avx512 {
 ///
 /// # Safety
 /// AVX-512F + AVX512_BF16; each `a[r]` addresses `kp` u32 bf16 pairs of one activation row, `b` holds `kp · NR · 2` bf16
-/// (`[kp][NR][2]`), `c` addresses `rows` rows of stride `ldc` with `ncols ≤ 64` writable columns.
+/// (`[kp][NR][2]`), `tile.c` addresses `tile.rows` rows of stride `tile.ldc` with `tile.ncols ≤ 64` writable
+/// columns.
 #[target_feature(enable = "avx512f,avx512bf16")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn ukr_bf16(
-    kp: usize,
-    a: &[*const u32; MR],
-    b: *const u16,
-    c: *mut f32,
-    ldc: usize,
-    rows: usize,
-    ncols: usize,
-    load: bool,
-) {
+pub(crate) unsafe fn ukr_bf16(kp: usize, a: &[*const u32; MR], b: *const u16, tile: Tile) {
+    let Tile {
+        c,
+        ldc,
+        rows,
+        ncols,
+        load,
+    } = tile;
     // SAFETY: the caller guarantees the extents documented above; the transmutes reinterpret 512-bit
     // integer vectors as vectors of 32 bf16, which have the same size and no invalid bit patterns.
     unsafe {
