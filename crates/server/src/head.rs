@@ -9,9 +9,9 @@
 //! one it cannot parse at all) still gets hyper's empty answer.
 
 use axum::extract::Request;
-use kev_contract::ErrorKind;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use kev_contract::ErrorKind;
 
 use crate::error::ApiError;
 

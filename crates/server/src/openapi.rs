@@ -417,7 +417,9 @@ fn describe(kind: ErrorKind) -> &'static str {
         }
         ErrorKind::UnsupportedMedia => "Unsupported Content-Encoding, or a multipart body",
         ErrorKind::UriTooLong => "The request target is over the server's limit",
-        ErrorKind::HeadTooLarge => "The request head (header count or bytes) is over the server's limits",
+        ErrorKind::HeadTooLarge => {
+            "The request head (header count or bytes) is over the server's limits"
+        }
         ErrorKind::Validation => "Schema violation (pydantic's detail list)",
         ErrorKind::OverLimit => {
             "Over a token limit of the contract (state or row), or a question the route cannot use"
