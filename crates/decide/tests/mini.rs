@@ -307,11 +307,9 @@ fn int8_keeps_the_mean_and_the_argmax() {
     );
 }
 
-/// The rest of the bar, max |Δp| ≤ 0.02 on every test question: NOT met by plain W8A8 on this kev-mini
-/// (engine README), so it does not run by default; `cargo test -p kev-decide --test mini -- --ignored`
-/// re-measures it on whatever kev-mini is committed.
+/// The rest of the bar, max |Δp| ≤ 0.02 on every test question (issue 20): met by the rule (measured
+/// 0.0065 on the 600-request test split when the rule was committed; plain W8A8 0.0197 there).
 #[test]
-#[ignore = "issue 20: the int8 arm's max |Δp| is over 0.02 on kev-mini's test split (engine README)"]
 fn int8_keeps_the_max() {
     let g = int8_gap();
     assert!(g.max <= 0.02, "int8: max |Δp| {:.4} > 0.02", g.max);
