@@ -462,8 +462,8 @@ pub fn evaluate(
                     report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
                     report.vs_reference = Some(d);
                 } else {
-                let y = yardstick(mode, *id, torch.as_ref().map(|t| &t.vs_reference))?;
-                gates.push(bar_gate(
+                    let y = yardstick(mode, *id, torch.as_ref().map(|t| &t.vs_reference))?;
+                    gates.push(bar_gate(
                     &format!("arm.{name}.bar"),
                     &format!(
                         "{name} vs the author's fp32 reference: argmax where margin > 0.02, max |Δp|, mean |Δp|"
@@ -471,37 +471,38 @@ pub fn evaluate(
                     &d,
                     &y,
                 ));
-                if *id == ArmId::ALL[0] {
-                    gates.push(fp32_gate(
-                        &format!("arm.{name}.fp32"),
-                        "exact-fp32 within 1e-4 of the author's fp32 reference",
-                        &d,
-                    ));
-                    report.responses_equal = responses_equal(set, &run.bodies, rf, false);
-                }
-                if id.form == WeightForm::Merged {
-                    report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
-                }
-                if id.form == WeightForm::Merged && id.arm == Arm::Fp32 {
-                    match &report.vs_merged_bf16 {
-                        Some(m) => {
-                            gates.push(fp32_gate(
+                    if *id == ArmId::ALL[0] {
+                        gates.push(fp32_gate(
+                            &format!("arm.{name}.fp32"),
+                            "exact-fp32 within 1e-4 of the author's fp32 reference",
+                            &d,
+                        ));
+                        report.responses_equal = responses_equal(set, &run.bodies, rf, false);
+                    }
+                    if id.form == WeightForm::Merged {
+                        report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
+                    }
+                    if id.form == WeightForm::Merged && id.arm == Arm::Fp32 {
+                        match &report.vs_merged_bf16 {
+                            Some(m) => {
+                                gates.push(fp32_gate(
                                 &format!("arm.{name}.fp32"),
                                 "merged-fp32 within 1e-4 of the reference's merged-bf16 arm (the same weights in fp32)",
                                 m,
                             ));
-                            report.responses_equal = responses_equal(set, &run.bodies, rf, true);
+                                report.responses_equal =
+                                    responses_equal(set, &run.bodies, rf, true);
+                            }
+                            None => gates.push(Gate::new(
+                                &format!("arm.{name}.fp32"),
+                                "merged-fp32 within 1e-4 of the reference's merged-bf16 arm",
+                                Status::NotRun,
+                                "the reference has no merged_bf16 arm",
+                            )),
                         }
-                        None => gates.push(Gate::new(
-                            &format!("arm.{name}.fp32"),
-                            "merged-fp32 within 1e-4 of the reference's merged-bf16 arm",
-                            Status::NotRun,
-                            "the reference has no merged_bf16 arm",
-                        )),
                     }
-                }
-                report.vs_reference = Some(d);
-                report.yardstick = Some(y);
+                    report.vs_reference = Some(d);
+                    report.yardstick = Some(y);
                 }
             }
             None => {

@@ -93,7 +93,10 @@ fn prepare_int8_stores_the_arm_it_loads() {
     let (a, b) = (answers(&stored, &bodies), answers(&at_load, &bodies));
     assert_eq!(a.len(), bodies.len());
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        assert_eq!(x, y, "dev request {i}: stored int8 form vs quantised at load");
+        assert_eq!(
+            x, y,
+            "dev request {i}: stored int8 form vs quantised at load"
+        );
     }
     eprintln!(
         "kev prepare --int8: {} dev requests bit-equal, stored form {} bytes",

@@ -215,7 +215,8 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
             "int8 weights: {}",
             match &stored {
                 Some(p) => format!("stored form {}", p.display()),
-                None => "quantised at load, W8A8 with the rule's bf16 islands (no stored form)".into(),
+                None =>
+                    "quantised at load, W8A8 with the rule's bf16 islands (no stored form)".into(),
             }
         );
     }

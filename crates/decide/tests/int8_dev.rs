@@ -118,10 +118,14 @@ fn leak<T>(v: Vec<T>) -> &'static [T] {
 #[ignore = "selection tool for the int8 rule (dev split only); prints, asserts nothing about the bar"]
 fn int8_candidates_on_the_dev_split() {
     let bodies = dev_bodies();
-    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32))).unwrap().0;
+    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32)))
+        .unwrap()
+        .0;
     let want = run_all(&exact, &bodies);
     drop(exact);
-    let merged = load_cpu(&spec(WeightForm::Merged, Some(Arm::Fp32))).unwrap().0;
+    let merged = load_cpu(&spec(WeightForm::Merged, Some(Arm::Fp32)))
+        .unwrap()
+        .0;
     let report = |label: &str, got: &Probs| {
         let g = gap(&want, got);
         eprintln!(
@@ -253,7 +257,9 @@ fn int8_candidates_on_the_dev_split() {
 #[ignore = "selection tool for the int8 rule (dev split only); prints, asserts nothing about the bar"]
 fn int8_islands_on_the_dev_split() {
     let bodies = dev_bodies();
-    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32))).unwrap().0;
+    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32)))
+        .unwrap()
+        .0;
     let want = run_all(&exact, &bodies);
     drop(exact);
     let report = |label: &str, got: &Probs| {
@@ -263,7 +269,9 @@ fn int8_islands_on_the_dev_split() {
             g.max, g.p99, g.mean, g.rms, g.flips, g.checked
         );
     };
-    let bf16 = load_cpu(&spec(WeightForm::Merged, Some(Arm::Bf16))).unwrap().0;
+    let bf16 = load_cpu(&spec(WeightForm::Merged, Some(Arm::Bf16)))
+        .unwrap()
+        .0;
     report("merged bf16 arm", &run_all(&bf16, &bodies));
     drop(bf16);
     let s = spec(WeightForm::Merged, Some(Arm::Int8));

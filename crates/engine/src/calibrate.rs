@@ -158,9 +158,9 @@ impl Linear {
         }
         let tail = PackedMatrix::from_f32(t, k, &rows);
         let bytes = tail.bytes();
-        self.float_tail.set(tail).map_err(|_| {
-            EngineError::Int8(format!("{name}: its fp32 rows were already built"))
-        })?;
+        self.float_tail
+            .set(tail)
+            .map_err(|_| EngineError::Int8(format!("{name}: its fp32 rows were already built")))?;
         Ok(bytes)
     }
 }
@@ -346,7 +346,10 @@ impl Backbone {
                         *v = q.get(r, c);
                     }
                 }
-                if l.float_tail.set(PackedMatrix::from_f32(n, k, &deq)).is_err() {
+                if l.float_tail
+                    .set(PackedMatrix::from_f32(n, k, &deq))
+                    .is_err()
+                {
                     return Err(EngineError::Int8(format!(
                         "{name}: weights_only over fp32 gate rows"
                     )));

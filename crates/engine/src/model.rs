@@ -384,7 +384,10 @@ impl Backbone {
     /// with the rule's BF16 islands ([`crate::Int8Plan::default`]) when nothing was quantised yet:
     /// per-output-channel int8 from the loaded BF16/F32 weights, kept beside them. Returns their bytes.
     pub fn prepare_int8(&self) -> usize {
-        if self.projections().iter().all(|(_, l, _)| l.w.int8_built().is_none())
+        if self
+            .projections()
+            .iter()
+            .all(|(_, l, _)| l.w.int8_built().is_none())
             && let Ok(bytes) = self.quantize_int8(None, crate::Int8Plan::default())
         {
             return bytes;

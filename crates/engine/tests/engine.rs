@@ -419,8 +419,14 @@ fn int8_plans_do_not_depend_on_batch_or_threads() {
                 ],
             )
             .unwrap();
-        assert!(both[0] == a && both[1] == b, "{kern:?}: batch vs single rows");
-        assert!(single(&plain, &ta, &wa) != a, "{kern:?}: the plan changed nothing");
+        assert!(
+            both[0] == a && both[1] == b,
+            "{kern:?}: batch vs single rows"
+        );
+        assert!(
+            single(&plain, &ta, &wa) != a,
+            "{kern:?}: the plan changed nothing"
+        );
     }
 }
 
