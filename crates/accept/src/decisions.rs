@@ -2,8 +2,9 @@
 //! compute), the way the service runs it (shared state, prepared-state cache), then again with the
 //! cache warm and the requests batched together, then every question as its own row from zero.
 //!
-//! One weight form is loaded at a time; its two compute arms share the loaded backbone (the arm is a
-//! property of the backend, not of the weights).
+//! One weight form is loaded at a time; its float compute arms share the loaded backbone (the arm is a
+//! property of the backend, not of the weights). The int8 arm is loaded on its own, as `--precision
+//! int8` loads it (quantised at load, or the prepared directory's stored int8 form, float copies dropped).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -29,8 +30,8 @@ pub struct ArmId {
 }
 
 impl ArmId {
-    /// The four arms, anchor first.
-    pub const ALL: [ArmId; 4] = [
+    /// The five arms, anchor first.
+    pub const ALL: [ArmId; 5] = [
         ArmId {
             form: WeightForm::Exact,
             arm: Arm::Fp32,
@@ -46,6 +47,10 @@ impl ArmId {
         ArmId {
             form: WeightForm::Merged,
             arm: Arm::Bf16,
+        },
+        ArmId {
+            form: WeightForm::Merged,
+            arm: Arm::Int8,
         },
     ];
 
@@ -62,7 +67,9 @@ impl FromStr for ArmId {
             .into_iter()
             .find(|a| a.name() == s)
             .ok_or_else(|| {
-                format!("unknown arm `{s}` (exact-fp32, exact-bf16, merged-fp32, merged-bf16)")
+                format!(
+                    "unknown arm `{s}` (exact-fp32, exact-bf16, merged-fp32, merged-bf16, merged-int8)"
+                )
             })
     }
 }
@@ -154,8 +161,51 @@ impl FormSource {
 /// engine promises the same bits whatever the batch; bounded so a 4B model's cloned states fit in memory.
 const BATCH: usize = 8;
 
-/// Load one weight form and run the set through each of `arms` (all of that form).
+/// Load one weight form and run the set through each of `arms` (all of that form). The float arms share
+/// one loaded backbone; the int8 arm has its own (its float copies are dropped at load), and a failure
+/// to load it fails that arm only.
 pub fn run_form(
+    from: &FormSource,
+    form: WeightForm,
+    arms: &[Arm],
+    set: &RequestSet,
+    settings: &Settings,
+) -> Result<FormRun, String> {
+    let (int8, float): (Vec<Arm>, Vec<Arm>) = arms.iter().partition(|a| **a == Arm::Int8);
+    let mut out = Vec::new();
+    let mut rows = None;
+    if !float.is_empty() {
+        let fr = run_loaded(from, form, &float, set, settings)?;
+        rows = Some(fr.rows);
+        out.extend(fr.arms);
+    }
+    if !int8.is_empty() {
+        match run_loaded(from, form, &int8, set, settings) {
+            Ok(fr) => {
+                rows.get_or_insert(fr.rows);
+                out.extend(fr.arms);
+            }
+            Err(e) if rows.is_some() => {
+                out.push((
+                    ArmId {
+                        form,
+                        arm: Arm::Int8,
+                    },
+                    Err(e),
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    out.sort_by_key(|(id, _)| arms.iter().position(|a| *a == id.arm));
+    Ok(FormRun {
+        arms: out,
+        rows: rows.ok_or("no arm asked for")?,
+    })
+}
+
+/// Load one weight form for `arms` (the first one's loading; the others derived from its backbone).
+fn run_loaded(
     from: &FormSource,
     form: WeightForm,
     arms: &[Arm],
@@ -358,6 +408,7 @@ mod tests {
         }
         assert!("exact-fp16".parse::<ArmId>().is_err());
         assert_eq!(ArmId::ALL[0].name(), "exact-fp32");
+        assert_eq!(ArmId::ALL[4].name(), "merged-int8");
     }
 
     #[test]

@@ -443,8 +443,27 @@ pub fn evaluate(
             Some(rf) => {
                 let d = vs_reference_arm(set, &ours, rf, "reference")
                     .ok_or("the reference has no `reference` arm")?;
-                let y = yardstick(mode, *id, torch.as_ref().map(|t| &t.vs_reference))?;
-                gates.push(bar_gate(
+                if mode == GateMode::Synthetic && id.arm == Arm::Int8 {
+                    // No yardstick judges int8 on random weights: torch's bf16 run measures bf16
+                    // rounding, and this model amplifies any rounding chaotically (engine README).
+                    gates.push(Gate::new(
+                        &format!("arm.{name}.bar"),
+                        &format!("{name} vs the author's fp32 reference"),
+                        Status::Info,
+                        format!(
+                            "max |Δp| {}, mean {}, flips {}/{}; not gated: on synthetic random weights no yardstick \
+                             applies to int8 (real weights: the fixed bar, max 0.02, mean 0.002, no flips)",
+                            fmt(d.max_abs),
+                            fmt(d.mean_abs),
+                            d.flips,
+                            d.decisive
+                        ),
+                    ));
+                    report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
+                    report.vs_reference = Some(d);
+                } else {
+                    let y = yardstick(mode, *id, torch.as_ref().map(|t| &t.vs_reference))?;
+                    gates.push(bar_gate(
                     &format!("arm.{name}.bar"),
                     &format!(
                         "{name} vs the author's fp32 reference: argmax where margin > 0.02, max |Δp|, mean |Δp|"
@@ -452,37 +471,39 @@ pub fn evaluate(
                     &d,
                     &y,
                 ));
-                if *id == ArmId::ALL[0] {
-                    gates.push(fp32_gate(
-                        &format!("arm.{name}.fp32"),
-                        "exact-fp32 within 1e-4 of the author's fp32 reference",
-                        &d,
-                    ));
-                    report.responses_equal = responses_equal(set, &run.bodies, rf, false);
-                }
-                if id.form == WeightForm::Merged {
-                    report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
-                }
-                if id.form == WeightForm::Merged && id.arm == Arm::Fp32 {
-                    match &report.vs_merged_bf16 {
-                        Some(m) => {
-                            gates.push(fp32_gate(
+                    if *id == ArmId::ALL[0] {
+                        gates.push(fp32_gate(
+                            &format!("arm.{name}.fp32"),
+                            "exact-fp32 within 1e-4 of the author's fp32 reference",
+                            &d,
+                        ));
+                        report.responses_equal = responses_equal(set, &run.bodies, rf, false);
+                    }
+                    if id.form == WeightForm::Merged {
+                        report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
+                    }
+                    if id.form == WeightForm::Merged && id.arm == Arm::Fp32 {
+                        match &report.vs_merged_bf16 {
+                            Some(m) => {
+                                gates.push(fp32_gate(
                                 &format!("arm.{name}.fp32"),
                                 "merged-fp32 within 1e-4 of the reference's merged-bf16 arm (the same weights in fp32)",
                                 m,
                             ));
-                            report.responses_equal = responses_equal(set, &run.bodies, rf, true);
+                                report.responses_equal =
+                                    responses_equal(set, &run.bodies, rf, true);
+                            }
+                            None => gates.push(Gate::new(
+                                &format!("arm.{name}.fp32"),
+                                "merged-fp32 within 1e-4 of the reference's merged-bf16 arm",
+                                Status::NotRun,
+                                "the reference has no merged_bf16 arm",
+                            )),
                         }
-                        None => gates.push(Gate::new(
-                            &format!("arm.{name}.fp32"),
-                            "merged-fp32 within 1e-4 of the reference's merged-bf16 arm",
-                            Status::NotRun,
-                            "the reference has no merged_bf16 arm",
-                        )),
                     }
+                    report.vs_reference = Some(d);
+                    report.yardstick = Some(y);
                 }
-                report.vs_reference = Some(d);
-                report.yardstick = Some(y);
             }
             None => {
                 if let Some((aid, a)) = &anchor

@@ -176,6 +176,16 @@ fn the_synthetic_release_passes_every_gate_with_the_shipped_set() {
     }
     assert_eq!(status(&report, "arm.exact-fp32.fp32"), Status::Pass);
     assert_eq!(status(&report, "arm.merged-fp32.fp32"), Status::Pass);
+    // the int8 arm runs like every arm (reruns and the shared state bit-equal); its bar is reported, not
+    // gated, on random weights
+    for g in ["rerun", "shared"] {
+        assert_eq!(
+            status(&report, &format!("arm.merged-int8.{g}")),
+            Status::Pass,
+            "{g}"
+        );
+    }
+    assert_eq!(status(&report, "arm.merged-int8.bar"), Status::Info);
     // published digests: reported only, and not applicable to these pins
     assert_eq!(status(&report, "merge.published"), Status::Info);
 

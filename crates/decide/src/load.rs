@@ -186,9 +186,10 @@ pub fn default_arm() -> Arm {
 }
 
 /// Load a model on the CPU. For the int8 arm the projections are quantised at load and their BF16/F32
-/// copies dropped: from a prepared directory's stored int8 form (`int8.safetensors`, written by
-/// `kev prepare --int8`, smoothed from its calibration) where there is one, else plain W8A8 (no
-/// smoothing: no calibration rows here; see [`load_cpu_int8`]).
+/// copies dropped (but the rule's BF16 islands): from a prepared directory's stored int8 form
+/// (`int8.safetensors`, written by `kev prepare --int8`, smoothed from its calibration) where there is
+/// one, else W8A8 by the rule ([`Int8Plan::default`]; no smoothing: no calibration rows here; see
+/// [`load_cpu_int8`]).
 pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
     let opened = open_cpu(spec)?;
     let mut backbone = opened.backbone;
@@ -214,7 +215,8 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
             "int8 weights: {}",
             match &stored {
                 Some(p) => format!("stored form {}", p.display()),
-                None => "quantised at load, plain W8A8 (no stored smoothed form)".into(),
+                None =>
+                    "quantised at load, W8A8 with the rule's bf16 islands (no stored form)".into(),
             }
         );
     }

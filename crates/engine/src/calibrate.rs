@@ -7,7 +7,8 @@
 
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, smoothing_factors};
-use crate::model::{Backbone, Linear, Mixer};
+use crate::kernels::{Arm, PackedMatrix};
+use crate::model::{Backbone, ISLAND_BF16, ISLAND_FP32, ISLAND_NONE, Linear, Mixer};
 
 /// The largest `|x[k]|` each projection saw per input during calibration, in the order of
 /// [`Backbone::projection_names`].
@@ -65,27 +66,109 @@ pub struct Int8Plan {
     pub scope: SmoothScope,
     /// Projections the int8 arm leaves in BF16 (computed as the bf16 arm computes them).
     pub bf16_islands: &'static [ProjectionKind],
+    /// Projections left in BF16 by (decoder layer, kind).
+    pub bf16_layer_islands: &'static [(usize, ProjectionKind)],
+    /// Further projections left as islands, by index in [`Backbone::projection_names`] order (the
+    /// dev-split ablations).
+    pub islands_at: &'static [usize],
+    /// The arm the islands run: [`Arm::Bf16`] (the product), or [`Arm::Fp32`] (the dev-split ablations:
+    /// the quantisation error of the other projections alone).
+    pub island_arm: Arm,
+    /// Compute the GDN gate rows (`in_proj_b`, `in_proj_a`: 2 per value head, 0.5 % of `in_proj` on
+    /// Kev-4B) in fp32: they set each token's decay and write strength of the recurrent state.
+    pub gdn_gates_fp32: bool,
+    /// Choose each weight row's scale by the least squared rounding error over clip ratios
+    /// 1.00, 0.99, …, 0.80 of `max|w|` (instead of `max|w|` itself).
+    pub weight_clip: bool,
+    /// Dev-split ablation only: the int8 weights (dequantised) times unquantised f32 activations, to
+    /// separate the weights' share of the error from the activations'. Not a product arm (no speed-up).
+    pub weights_only: bool,
 }
 
+/// The int8 arm's rule (issue 20), fixed on kev-mini's dev split before its test split was run
+/// (`crates/decide/tests/int8_dev.rs` measures every candidate; engine README, "int8 arm"): one projection
+/// int8 at a time, every other fp32, only layer 0's GDN `in_proj` and `out_proj` moved p off the fp32 floor
+/// (rms |Δp| 0.0017 and 0.0011 alone, all fourteen others 0.0003 = the floor); keeping those two in BF16
+/// took plain W8A8 from max |Δp| 0.0138 / mean 0.00105 to 0.0047 / 0.00033 (the merged-bf16 arm: 0.0036 /
+/// 0.00029). Size bound: the first layer's mixer projections are 1.2 % of Kev-4B's projection weights
+/// (42 M of 3,569 M), so the int8 arm keeps its speed-up. Smoothing, clip search and fp32 GDN gates were
+/// measured and not taken (no gain, or worse).
+pub const RULE_BF16_ISLANDS: &[(usize, ProjectionKind)] =
+    &[(0, ProjectionKind::GdnIn), (0, ProjectionKind::GdnOut)];
+
 impl Default for Int8Plan {
-    /// Plain W8A8: no smoothing, no islands — what the rule fixed on kev-mini's dev split chose (engine
-    /// README, "int8 arm").
+    /// The rule: W8A8 (weights per output channel, activations per token, no smoothing) with layer 0's
+    /// GDN `in_proj` and `out_proj` in BF16 ([`RULE_BF16_ISLANDS`]).
     fn default() -> Self {
         Int8Plan {
             alpha: 0.5,
             scope: SmoothScope::None,
             bf16_islands: &[],
+            bf16_layer_islands: RULE_BF16_ISLANDS,
+            islands_at: &[],
+            island_arm: Arm::Bf16,
+            gdn_gates_fp32: false,
+            weight_clip: false,
+            weights_only: false,
         }
     }
 }
 
 impl Int8Plan {
+    /// Plain W8A8 on every projection: no smoothing, no islands (the pre-rule arm; the ablations).
+    pub fn plain() -> Self {
+        Int8Plan {
+            bf16_layer_islands: &[],
+            ..Int8Plan::default()
+        }
+    }
+
+    /// Whether projection `index` (of [`Backbone::projection_names`]), of `kind` in decoder layer
+    /// `layer`, is an island of this plan.
+    fn is_island(&self, index: usize, layer: usize, kind: ProjectionKind) -> bool {
+        self.bf16_islands.contains(&kind)
+            || self.bf16_layer_islands.contains(&(layer, kind))
+            || self.islands_at.contains(&index)
+    }
+
     /// SmoothQuant `α = 0.5` on the projections that read a norm output (needs calibration rows).
     pub fn smoothed() -> Self {
         Int8Plan {
             scope: SmoothScope::NormInputs,
             ..Int8Plan::default()
         }
+    }
+}
+
+impl Linear {
+    /// Keep the last `t` output rows in fp32 for the int8 arm ([`Linear::float_tail`]), copied from the
+    /// float weights (which must still be loaded). Returns their bytes.
+    pub(crate) fn keep_float_rows(&self, t: usize, name: &str) -> Result<usize, EngineError> {
+        let (n, k) = (self.w.n(), self.w.k());
+        if self.w.float_dropped() || t > n {
+            return Err(EngineError::Int8(format!(
+                "{name}: no float weights to keep {t} rows of"
+            )));
+        }
+        let mut rows = vec![0f32; t * k];
+        for (r, row) in rows.chunks_mut(k).enumerate() {
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = self.w.get(n - t + r, c);
+            }
+        }
+        let tail = PackedMatrix::from_f32(t, k, &rows);
+        let bytes = tail.bytes();
+        self.float_tail
+            .set(tail)
+            .map_err(|_| EngineError::Int8(format!("{name}: its fp32 rows were already built")))?;
+        Ok(bytes)
+    }
+}
+
+impl Backbone {
+    /// Rows of the GDN gates `in_proj_b`, `in_proj_a` at the end of each fused `in_proj`.
+    pub(crate) fn gdn_gate_rows(&self) -> usize {
+        2 * self.cfg.linear_num_value_heads
     }
 }
 
@@ -133,6 +216,15 @@ impl Backbone {
                 K::MlpGateUp,
             ));
             out.push((format!("layers.{i}.mlp.down_proj"), &l.down, K::MlpDown));
+        }
+        out
+    }
+
+    /// The decoder layer of every projection, in the order of [`Backbone::projections`].
+    pub(crate) fn projection_layers(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for i in 0..self.layers.len() {
+            out.extend([i; 4]);
         }
         out
     }
@@ -194,12 +286,27 @@ impl Backbone {
                 lins.len()
             )));
         }
+        let island = match plan.island_arm {
+            Arm::Fp32 => ISLAND_FP32,
+            Arm::Bf16 => ISLAND_BF16,
+            Arm::Int8 => {
+                return Err(EngineError::Int8(
+                    "an int8 island is no island: use fp32 or bf16".into(),
+                ));
+            }
+        };
+        let gates = self.gdn_gate_rows();
+        let layers = self.projection_layers();
         let mut bytes = 0;
         for (i, (name, l, kind)) in lins.iter().enumerate() {
-            if plan.bf16_islands.contains(kind) {
-                l.bf16_island
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            if plan.is_island(i, layers[i], *kind) {
+                l.island.store(island, std::sync::atomic::Ordering::Relaxed);
                 continue;
+            }
+            l.island
+                .store(ISLAND_NONE, std::sync::atomic::Ordering::Relaxed);
+            if plan.gdn_gates_fp32 && *kind == ProjectionKind::GdnIn {
+                bytes += l.keep_float_rows(gates, name)?;
             }
             let wanted = match plan.scope {
                 SmoothScope::None => false,
@@ -229,8 +336,25 @@ impl Backbone {
                 }
                 None => None,
             };
-            let q = PackedInt8::from_packed(&l.w, factors.as_deref());
+            let q = PackedInt8::from_packed_clipped(&l.w, factors.as_deref(), plan.weight_clip);
             bytes += q.bytes();
+            if plan.weights_only {
+                let (n, k) = (q.n(), q.k());
+                let mut deq = vec![0f32; n * k];
+                for (r, row) in deq.chunks_mut(k).enumerate() {
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = q.get(r, c);
+                    }
+                }
+                if l.float_tail
+                    .set(PackedMatrix::from_f32(n, k, &deq))
+                    .is_err()
+                {
+                    return Err(EngineError::Int8(format!(
+                        "{name}: weights_only over fp32 gate rows"
+                    )));
+                }
+            }
             if !l.w.set_int8(q) {
                 return Err(EngineError::Int8(format!(
                     "{name}: its int8 form was already built (quantise before the first int8 call)"

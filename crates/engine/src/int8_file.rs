@@ -18,14 +18,43 @@ use std::path::Path;
 
 use kev_release::shards::TensorStore;
 
+use crate::calibrate::ProjectionKind;
 use crate::error::EngineError;
 use crate::kernels::int8::PackedInt8;
-use crate::model::Backbone;
+use crate::model::{Backbone, ISLAND_BF16, ISLAND_NONE};
 
 /// The file name of the stored int8 form in a prepared directory.
 pub const INT8_FILE: &str = "int8.safetensors";
 /// The `format` metadata value this engine reads and writes.
 pub const INT8_FORMAT: &str = "kev-int8-w8a8/1";
+
+/// Metadata: the projections the int8 arm computes in bf16 (comma-separated names; no tensors stored).
+const META_ISLANDS: &str = "islands";
+/// Metadata: `fp32` when every GDN `in_proj`'s gate rows are computed in fp32 from the merged weights.
+const META_GATES: &str = "gdn_gates";
+
+/// The `__metadata__` of a safetensors file (its header only is read).
+fn read_metadata(path: &Path) -> Result<HashMap<String, String>, String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let n = u64::from_le_bytes(len);
+    if n > 100 << 20 {
+        return Err(format!("header of {n} bytes"));
+    }
+    let mut head = vec![0u8; n as usize];
+    f.read_exact(&mut head).map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(&head).map_err(|e| e.to_string())?;
+    Ok(v.get("__metadata__")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default())
+}
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -36,7 +65,21 @@ impl Backbone {
     /// with `meta` added to the file's metadata.
     pub fn write_int8(&self, path: &Path, meta: &[(&str, String)]) -> Result<(), EngineError> {
         let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        let (mut islands, mut gates) = (Vec::new(), false);
         for (name, l, _) in self.projections() {
+            if l.island.load(std::sync::atomic::Ordering::Relaxed) != ISLAND_NONE {
+                // Computed from the prepared directory's merged bf16 weights: only its name is stored.
+                islands.push(name);
+                continue;
+            }
+            if let Some(t) = l.float_tail.get() {
+                if t.n() != self.gdn_gate_rows() {
+                    return Err(EngineError::Int8(format!(
+                        "{name}: only the GDN gate rows can be stored as fp32 rows"
+                    )));
+                }
+                gates = true;
+            }
             let q = l.w.int8_built().ok_or_else(|| {
                 EngineError::Int8(format!(
                     "{name}: no int8 form to write (quantise first; bf16 islands are not stored)"
@@ -75,6 +118,12 @@ impl Backbone {
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
         info.insert("format".into(), INT8_FORMAT.into());
+        if !islands.is_empty() {
+            info.insert(META_ISLANDS.into(), islands.join(","));
+        }
+        if gates {
+            info.insert(META_GATES.into(), "fp32".into());
+        }
         safetensors::tensor::serialize_to_file(views, Some(info), path)
             .map_err(|e| EngineError::Int8(format!("{}: {e}", path.display())))
     }
@@ -85,10 +134,34 @@ impl Backbone {
         let dir = path.parent().unwrap_or(Path::new("."));
         let store = TensorStore::open_files(dir, &[path.to_path_buf()])?;
         let bad = |what: String| EngineError::Int8(format!("{}: {what}", path.display()));
+        let meta = read_metadata(path).map_err(bad)?;
+        let islands: Vec<&str> = meta
+            .get(META_ISLANDS)
+            .map(|s| s.split(',').collect())
+            .unwrap_or_default();
+        let gates = match meta.get(META_GATES).map(String::as_str) {
+            None => false,
+            Some("fp32") => true,
+            Some(other) => return Err(bad(format!("{META_GATES} = {other:?} (fp32 or absent)"))),
+        };
+        let names = self.projection_names();
+        if let Some(x) = islands.iter().find(|x| !names.iter().any(|n| n == *x)) {
+            return Err(bad(format!("island {x} is not a projection of this model")));
+        }
         let mut used = 0usize;
         let mut bytes = 0;
-        for (name, l, _) in self.projections() {
+        for (name, l, kind) in self.projections() {
             let (n, k) = (l.w.n(), l.w.k());
+            if islands.contains(&name.as_str()) {
+                l.island
+                    .store(ISLAND_BF16, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            l.island
+                .store(ISLAND_NONE, std::sync::atomic::Ordering::Relaxed);
+            if gates && kind == ProjectionKind::GdnIn {
+                bytes += l.keep_float_rows(self.gdn_gate_rows(), &name)?;
+            }
             let get = |suffix: &str, shape: &[usize], dtype: &str| {
                 let full = format!("{name}.{suffix}");
                 let v = store
@@ -202,5 +275,36 @@ mod tests {
         safetensors::tensor::serialize_to_file(none, None, &other).unwrap();
         let err = d.load_int8(&other).unwrap_err().to_string();
         assert!(err.contains("missing"), "{err}");
+    }
+
+    /// The plan's BF16 islands and fp32 GDN gate rows are recorded in the metadata and restored: the
+    /// stored form answers bit for bit as the model quantised at load, and differs from plain W8A8.
+    #[test]
+    fn islands_and_fp32_gates_round_trip() {
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/base");
+        let ids: Vec<u32> = (0..90u32).map(|i| 11 + (i * 7919) % 5000).collect();
+        let wanted = [0, 64, 89];
+        let hidden = |m: &Backbone| {
+            let mut st = m.new_state();
+            let h = m.forward(Arm::Int8, &mut st, &ids, &wanted).unwrap();
+            h.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let plan = Int8Plan {
+            gdn_gates_fp32: true,
+            ..Int8Plan::default()
+        };
+        assert!(!plan.bf16_layer_islands.is_empty());
+        let a = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        a.quantize_int8(None, plan).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(super::INT8_FILE);
+        a.write_int8(&path, &[]).unwrap();
+        let mut b = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        b.load_int8(&path).unwrap();
+        b.drop_float_projections();
+        assert_eq!(hidden(&a), hidden(&b));
+        let p = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        p.quantize_int8(None, Int8Plan::plain()).unwrap();
+        assert_ne!(hidden(&a), hidden(&p));
     }
 }

@@ -45,9 +45,20 @@ pub(crate) struct Linear {
     pub loras: Vec<LoraSeg>,
     /// While calibrating the int8 arm: the largest `|x[k]|` seen per input (`calibrate.rs`).
     pub ranges: std::sync::Mutex<Option<Vec<f32>>>,
-    /// The int8 arm computes this projection as the bf16 arm does (an island of its plan).
-    pub bf16_island: std::sync::atomic::AtomicBool,
+    /// How the int8 arm computes this projection: [`ISLAND_NONE`] (int8), [`ISLAND_BF16`] (as the bf16
+    /// arm does, an island of its plan) or [`ISLAND_FP32`] (as the fp32 arm; the dev-split ablations).
+    pub island: std::sync::atomic::AtomicU8,
+    /// Output rows `[n − t, n)` the int8 arm computes in fp32 from this copy (`t` = its rows): the GDN
+    /// gates `in_proj_b`/`in_proj_a` when the plan keeps them float (calibrate.rs).
+    pub float_tail: std::sync::OnceLock<PackedMatrix>,
 }
+
+/// [`Linear::island`]: int8.
+pub(crate) const ISLAND_NONE: u8 = 0;
+/// [`Linear::island`]: the bf16 arm.
+pub(crate) const ISLAND_BF16: u8 = 1;
+/// [`Linear::island`]: the fp32 arm.
+pub(crate) const ISLAND_FP32: u8 = 2;
 
 impl Linear {
     /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over the `x.m` rows.
@@ -64,9 +75,12 @@ impl Linear {
             "this model keeps int8 weights only: the {} arm cannot run it",
             arm.name()
         );
-        let arm = if arm == Arm::Int8 && self.bf16_island.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            Arm::Bf16
+        let arm = if arm == Arm::Int8 {
+            match self.island.load(std::sync::atomic::Ordering::Relaxed) {
+                ISLAND_BF16 => Arm::Bf16,
+                ISLAND_FP32 => Arm::Fp32,
+                _ => Arm::Int8,
+            }
         } else {
             arm
         };
@@ -91,6 +105,32 @@ impl Linear {
                 ld: ldo,
             },
         );
+        if arm == Arm::Int8
+            && let Some(t) = self.float_tail.get()
+        {
+            // The int8 GEMM computed these rows too (a few of thousands); they are replaced.
+            let (nt, c0) = (t.n(), self.w.n() - t.n());
+            let mut buf = vec![0f32; m * nt];
+            gemm(
+                Run {
+                    kern,
+                    arm: Arm::Fp32,
+                },
+                Rows {
+                    m,
+                    data: x,
+                    ld: ldx,
+                },
+                t,
+                RowsMut {
+                    data: &mut buf,
+                    ld: nt,
+                },
+            );
+            for i in 0..m {
+                out[i * ldo + c0..i * ldo + c0 + nt].copy_from_slice(&buf[i * nt..(i + 1) * nt]);
+            }
+        }
         if self.loras.is_empty() {
             return;
         }
@@ -340,9 +380,18 @@ impl Backbone {
         total
     }
 
-    /// Build the int8 arm's weights of every projection now (they are otherwise built on first use):
+    /// Build the int8 arm's weights of every projection now (they are otherwise built on first use),
+    /// with the rule's BF16 islands ([`crate::Int8Plan::default`]) when nothing was quantised yet:
     /// per-output-channel int8 from the loaded BF16/F32 weights, kept beside them. Returns their bytes.
     pub fn prepare_int8(&self) -> usize {
+        if self
+            .projections()
+            .iter()
+            .all(|(_, l, _)| l.w.int8_built().is_none())
+            && let Ok(bytes) = self.quantize_int8(None, crate::Int8Plan::default())
+        {
+            return bytes;
+        }
         let mut lins: Vec<&Linear> = Vec::new();
         for l in &self.layers {
             lins.push(&l.gate_up);
@@ -468,7 +517,8 @@ fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linea
         w: m,
         loras,
         ranges: Default::default(),
-        bf16_island: Default::default(),
+        island: Default::default(),
+        float_tail: Default::default(),
     })
 }
 

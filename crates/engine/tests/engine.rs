@@ -5,7 +5,7 @@ use std::path::Path;
 
 use kev_engine::reference::Reference;
 use kev_engine::synth::{SynthOptions, tiny_config, write_release};
-use kev_engine::{Arm, Backbone, BatchRow, Kernels, LoadOptions, Qwen35Config, State};
+use kev_engine::{Arm, Backbone, BatchRow, Int8Plan, Kernels, LoadOptions, Qwen35Config, State};
 
 fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut s = seed;
@@ -359,6 +359,74 @@ fn rows_do_not_depend_on_the_thread_count() {
                 "{kern:?} {arm:?}: 1 vs 3 threads differ"
             );
         }
+    }
+}
+
+/// The int8 arm with the rule's BF16 islands and fp32 GDN gate rows (`Int8Plan`), on every instruction
+/// set: a row's bits do not depend on its batch nor on the thread count, and the plan is not plain W8A8.
+#[test]
+fn int8_plans_do_not_depend_on_batch_or_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg();
+    write(dir.path(), &c, false);
+    let (ta, tb) = (tokens(130, c.vocab_size, 41), tokens(70, c.vocab_size, 43));
+    let (wa, wb): (Vec<usize>, Vec<usize>) = ((0..130).collect(), (0..70).collect());
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let three = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    for kern in kernel_sets() {
+        let plain = load_on(dir.path(), true, Some(kern));
+        plain.quantize_int8(None, Int8Plan::plain()).unwrap();
+        let m = load_on(dir.path(), true, Some(kern));
+        m.quantize_int8(
+            None,
+            Int8Plan {
+                gdn_gates_fp32: true,
+                ..Int8Plan::default()
+            },
+        )
+        .unwrap();
+        let single = |m: &Backbone, t: &[u32], w: &[usize]| {
+            let mut s = m.new_state();
+            m.forward(Arm::Int8, &mut s, t, w).unwrap()
+        };
+        let a = one.install(|| single(&m, &ta, &wa));
+        assert!(
+            three.install(|| single(&m, &ta, &wa)) == a,
+            "{kern:?}: 1 vs 3 threads differ"
+        );
+        let b = single(&m, &tb, &wb);
+        let (mut sa, mut sb) = (m.new_state(), m.new_state());
+        let both = m
+            .forward_batch(
+                Arm::Int8,
+                &mut [
+                    BatchRow {
+                        state: &mut sa,
+                        tokens: &ta,
+                        wanted: &wa,
+                    },
+                    BatchRow {
+                        state: &mut sb,
+                        tokens: &tb,
+                        wanted: &wb,
+                    },
+                ],
+            )
+            .unwrap();
+        assert!(
+            both[0] == a && both[1] == b,
+            "{kern:?}: batch vs single rows"
+        );
+        assert!(
+            single(&plain, &ta, &wa) != a,
+            "{kern:?}: the plan changed nothing"
+        );
     }
 }
 

@@ -45,8 +45,8 @@ pub struct Args {
     /// arms carrying bf16 rounding are held to torch's own bf16 run (refused with a published release's pins).
     #[arg(long, value_parser = ["real", "synthetic"])]
     gates: Option<String>,
-    /// Comma-separated arms to run (exact-fp32, exact-bf16, merged-fp32, merged-bf16); default: every arm the
-    /// inputs allow.
+    /// Comma-separated arms to run (exact-fp32, exact-bf16, merged-fp32, merged-bf16, merged-int8); default:
+    /// every arm the inputs allow.
     #[arg(long, value_delimiter = ',')]
     arms: Vec<String>,
 }

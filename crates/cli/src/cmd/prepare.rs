@@ -51,7 +51,8 @@ pub struct Args {
     #[arg(long)]
     quiet: bool,
     /// Also write the int8 arm's weights (`int8.safetensors`, engine README), which `--precision int8`
-    /// then loads: plain W8A8, or smoothed with --calibration.
+    /// then loads: W8A8 with the rule's bf16 islands (layer 0's GDN projections), smoothed with
+    /// --calibration.
     #[arg(long)]
     int8: bool,
     /// With --int8: SmoothQuant (α 0.5 on the norm-reading projections) from the activation ranges of
@@ -139,8 +140,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .0
             };
             let scheme = format!(
-                "W8A8: int8 weights per output channel, int8 activations per token, SmoothQuant alpha {} on {:?}",
-                plan.alpha, plan.scope
+                "W8A8: int8 weights per output channel, int8 activations per token, SmoothQuant alpha {} on {:?}; \
+                 bf16 islands (layer, projection) {:?}",
+                plan.alpha, plan.scope, plan.bf16_layer_islands
             );
             kev.backend()
                 .model()

@@ -76,14 +76,36 @@ impl std::fmt::Debug for PackedInt8 {
     }
 }
 
-/// Quantise one weight row: its scale and `q = round(w / s)` (zero scale for an all-zero row).
-fn quantize_weight_row(w: &[f32], q: &mut [i8]) -> f32 {
+/// Quantise one weight row: its scale and `q = round(w / s)` (zero scale for an all-zero row). With
+/// `clip`, the range is the clip ratio `1 − t/100` (t = 0..=20) of `max|w|` with the least squared
+/// rounding error (the first on ties), else `max|w|`.
+fn quantize_weight_row(w: &[f32], q: &mut [i8], clip: bool) -> f32 {
     let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
     if amax == 0.0 || !amax.is_finite() {
         q.fill(0);
         return if amax == 0.0 { 0.0 } else { f32::NAN };
     }
-    let s = amax / 127.0;
+    let mut range = amax;
+    if clip {
+        let err = |r: f32| {
+            let s = r / 127.0;
+            w.iter()
+                .map(|x| {
+                    let d = (x / s).round_ties_even().clamp(-127.0, 127.0) * s - x;
+                    d as f64 * d as f64
+                })
+                .sum::<f64>()
+        };
+        let mut best = err(amax);
+        for t in 1..=20 {
+            let r = amax * (1.0 - t as f32 / 100.0);
+            let e = err(r);
+            if e < best {
+                (best, range) = (e, r);
+            }
+        }
+    }
+    let s = range / 127.0;
     for (d, x) in q.iter_mut().zip(w) {
         *d = (x / s).round_ties_even().clamp(-127.0, 127.0) as i8;
     }
@@ -103,6 +125,18 @@ impl PackedInt8 {
         k: usize,
         row: impl Fn(usize, &mut [f32]) + Sync,
         smooth: Option<&[f32]>,
+    ) -> Self {
+        Self::from_rows_opts(n, k, row, smooth, false)
+    }
+
+    /// As [`PackedInt8::from_rows_smoothed`], each row's scale chosen by the least rounding error over
+    /// clip ratios when `clip` (see `quantize_weight_row`).
+    pub fn from_rows_opts(
+        n: usize,
+        k: usize,
+        row: impl Fn(usize, &mut [f32]) + Sync,
+        smooth: Option<&[f32]>,
+        clip: bool,
     ) -> Self {
         if let Some(f) = smooth {
             assert_eq!(f.len(), k, "int8 smoothing: one factor per input");
@@ -139,7 +173,7 @@ impl PackedInt8 {
                             *w *= f;
                         }
                     }
-                    sc[j] = quantize_weight_row(&wrow, &mut qrow);
+                    sc[j] = quantize_weight_row(&wrow, &mut qrow, clip);
                     ws[j] = qrow.iter().map(|&x| x as i32).sum();
                     for (kk, &q) in qrow.iter().enumerate() {
                         chunk[(kk / G) * NR * G + j * G + kk % G] = q;
@@ -243,7 +277,12 @@ impl PackedInt8 {
 
     /// Quantise a packed BF16/F32 matrix (what the loader built), optionally smoothed.
     pub fn from_packed(w: &PackedMatrix, smooth: Option<&[f32]>) -> Self {
-        Self::from_rows_smoothed(
+        Self::from_packed_clipped(w, smooth, false)
+    }
+
+    /// As [`PackedInt8::from_packed`], with the clip search of `quantize_weight_row` when `clip`.
+    pub fn from_packed_clipped(w: &PackedMatrix, smooth: Option<&[f32]>, clip: bool) -> Self {
+        Self::from_rows_opts(
             w.n(),
             w.k(),
             |r, out| {
@@ -252,6 +291,7 @@ impl PackedInt8 {
                 }
             },
             smooth,
+            clip,
         )
     }
 
@@ -803,6 +843,45 @@ mod tests {
             vec![1.0, 1.0]
         );
         assert_eq!(smoothing_factors(&[4.0], &[1.0], 0.5), vec![2.0]);
+    }
+
+    /// The clip search never rounds a row worse than `max|w|` does, and every path stays bit-equal to the
+    /// definition with the scales it picks.
+    #[test]
+    fn clip_search_lowers_the_rounding_error_and_stays_bit_equal() {
+        let (m, n, k) = (5, 70, 200);
+        let mut seed = 11;
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| lcg(&mut seed) * if i % k == 7 { 6.0 } else { 1.0 })
+            .collect();
+        let plain = PackedInt8::from_f32(n, k, &wv);
+        let clipped = PackedInt8::from_rows_opts(
+            n,
+            k,
+            |r, o| o.copy_from_slice(&wv[r * k..(r + 1) * k]),
+            None,
+            true,
+        );
+        let sq = |w: &PackedInt8, j: usize| -> f64 {
+            (0..k)
+                .map(|c| (w.get(j, c) as f64 - wv[j * k + c] as f64).powi(2))
+                .sum()
+        };
+        for j in 0..n {
+            assert!(sq(&clipped, j) <= sq(&plain, j), "row {j}");
+            assert!(clipped.scale(j) <= plain.scale(j));
+        }
+        let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let want = naive(m, &a, k, &clipped);
+        for (kern, path) in paths() {
+            let mut c = vec![0f32; m * n];
+            gemm_int8(kern, m, &a, k, &clipped, &mut c, n);
+            assert_eq!(
+                c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{kern:?} {path:?}"
+            );
+        }
     }
 
     #[test]
