@@ -440,11 +440,22 @@ def main() -> int:
                     help="the release whose tokenizer files kev-mini links to (the synthetic release's)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="check the pipeline on 48 training records, 1 epoch each")
+    ap.add_argument("--keep-release", action="store_true",
+                    help="keep the base/ and kev/ already in --out (no training): rewrite data/ and expected/ only; "
+                         "train and dev must come out byte-identical to the stored ones, the weights' inputs")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     out: Path = args.out
-    if out.exists():
+    kept = None
+    if args.keep_release:
+        if args.smoke:
+            raise SystemExit("--keep-release and --smoke do not go together")
+        kept = {name: (out / "data" / f"{name}.jsonl").read_bytes() for name in ("train", "dev")}
+        old_summary = json.loads((out / "expected" / "summary.json").read_text())
+        for d in ("data", "expected"):
+            shutil.rmtree(out / d)
+    elif out.exists():
         shutil.rmtree(out)
     (out / "data").mkdir(parents=True)
 
@@ -454,9 +465,11 @@ def main() -> int:
     else:
         splits = D.generate(SEED)
     for name, recs in splits.items():
-        with open(out / "data" / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for r in recs:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs).encode()
+        if kept is not None and name in kept and text != kept[name]:
+            raise AssertionError(f"--keep-release: data/{name}.jsonl would change, and the stored weights were "
+                                 "trained on the old one (retrain without --keep-release)")
+        (out / "data" / f"{name}.jsonl").write_bytes(text)
     tok_kev = args.tokenizers / "kev" / "tokenizer.json"
     tok = C.KevTokenizer(tok_kev)
     compiled = {name: compile_split(recs, tok) for name, recs in splits.items()}
@@ -465,17 +478,21 @@ def main() -> int:
     log(f"data: {', '.join(f'{k} {len(v)} requests / {len(rows[k])} rows' for k, v in splits.items())}; "
         f"{len(used)} token ids in training")
 
-    model, head, remap = train_base(rows["train"], rows["dev"], used)
     base_dir, kev_dir = out / "base", out / "kev"
-    write_base(model, remap, base_dir)
-    del model
-    log("base written")
+    if kept is not None:
+        temperature = A.Head.load(kev_dir / "head.pt").temperature
+        log(f"release kept (temperature {temperature:.4f})")
+    else:
+        model, head, remap = train_base(rows["train"], rows["dev"], used)
+        write_base(model, remap, base_dir)
+        del model
+        log("base written")
 
-    pm = train_kev(base_dir, head, rows["train"], rows["dev"])
-    save_adapter(pm, kev_dir)
-    temperature = fit_temperature(pm, head, rows["dev"])
-    write_head(head, temperature, kev_dir)
-    del pm
+        pm = train_kev(base_dir, head, rows["train"], rows["dev"])
+        save_adapter(pm, kev_dir)
+        temperature = fit_temperature(pm, head, rows["dev"])
+        write_head(head, temperature, kev_dir)
+        del pm
     for variant in ("base", "kev"):
         R.link_or_write(out / variant / "tokenizer.json", "", args.tokenizers / variant / "tokenizer.json")
         R.link_or_write(out / variant / "tokenizer_config.json", "",
@@ -535,8 +552,9 @@ def main() -> int:
         "vs_reference": {arm: distances(test_records, arm) for arm in ("merged_bf16", "torch_bf16")},
         "lora_max_dp": lora_dp,
         "train_tokens": len(used),
-        "train_seconds": round(train_s),
-        "threads": args.threads,
+        # with --keep-release, the figures of the run that trained the kept weights
+        "train_seconds": old_summary["train_seconds"] if kept is not None else round(train_s),
+        "threads": old_summary["threads"] if kept is not None else args.threads,
     }
     (exp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     for p in exp.rglob("*"):

@@ -1,14 +1,12 @@
-//! Issue 16's calibration bar on kev-mini's test split (`fixtures/mini`, a trained miniature Kev, 600 requests,
-//! 1,074 questions): from a start at ×3 and at ×⅓ the stored temperature, `kev calibrate` should cut ECE-15 by at
-//! least half and lower NLL, out of fold. Measured (see crates/decide/README.md): ×3 cuts 86–89 % by `global`,
-//! `type` and `options`; ×⅓ cuts 57 % by `type` but only 49 % by `global` and 48 % by `options`. The ×⅓ start is
-//! mildly wrong for a model this accurate (ECE 0.064; at the stored T itself 0.058), while ECE-15 has a sampling
-//! floor near 0.025 on 1,074 questions and the NLL-optimal T lands at 0.032; by `options` the 11+ bucket holds 26
-//! questions and 6–10 holds 98, so the out-of-fold fits are noisy (in sample: 63 %). So the test asserts the full
-//! bar where it is met and "ECE and NLL both lower" for ×⅓ by `global` and `options`, and prints every figure.
-//! Serving the fitted file, the answers' ECE and NLL (`kev eval --model --calibration`, 4-place probabilities as
-//! served) equal the report's in-sample figures to rounding. Skips (prints `skipped:`) where `fixtures/mini` is
-//! absent.
+//! Issue 16's calibration bar on kev-mini's test split (`fixtures/mini`, a trained miniature Kev, 2,400 requests,
+//! 4,323 questions): from a start at ×3 and at ×⅓ the stored temperature, `kev calibrate` cuts ECE-15 by at least
+//! half and lowers NLL, out of fold — asserted for `global`, `type` and `options` alike. Measured (see
+//! crates/decide/README.md): ×3 cuts 91–92 %, ×⅓ 61–66 % (ECE 0.055 → 0.019 / 0.019 / 0.022). The split has 2,400
+//! requests because ECE-15 has a sampling floor (≈ 0.013 on these 4,323 questions, ≈ 0.025 on 1,074): on the
+//! earlier 600-request split the floor sat so close to half the ×⅓ start's ECE that `global` and `options` missed
+//! (49 %, 48 %) however exact the fit. Serving the fitted file, the answers' ECE and NLL (`kev eval --model
+//! --calibration`, 4-place probabilities as served) equal the report's in-sample figures to rounding. Skips
+//! (prints `skipped:`) where `fixtures/mini` is absent.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -71,14 +69,9 @@ fn calibration_on_the_kev_mini_test_split() {
             "×{scale:.3} by {by}: out-of-fold ECE {} → {}, NLL {} → {}",
             all["before"]["ece"], all["after"]["ece"], all["before"]["nll"], all["after"]["nll"]
         );
-        // Issue 16's bar where it is met; ×⅓ by global / options only lowers ECE (49 % / 48 %: module docs).
-        let bar = if scale > 1.0 || by == "type" {
-            0.5
-        } else {
-            1.0
-        };
+        // Issue 16's bar, every start and grouping: out of fold, ECE at most half of the start's and NLL lower.
         assert!(
-            f(&all["after"]["ece"]) <= bar * f(&all["before"]["ece"]),
+            f(&all["after"]["ece"]) <= 0.5 * f(&all["before"]["ece"]),
             "×{scale} by {by}: {all}"
         );
         assert!(

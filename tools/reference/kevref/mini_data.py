@@ -417,7 +417,7 @@ FAMILIES = {
     "json": (json_check, JSON_SPLIT, 0.15),
     "urgency": (urgency, URGENCY_SPLIT, 0.15),
 }
-SIZES = {"train": 1400, "dev": 160, "test": 600}
+SIZES = {"train": 1400, "dev": 160, "test": 2400}
 
 
 def generate(seed: int = 14, sizes: dict | None = None) -> dict[str, list[dict]]:
