@@ -3,8 +3,8 @@
 //! `base/`: composite `config.json`, safetensors shards with `model.language_model.` names (BF16; the GDN
 //! `A_log` and gated-norm weight in F32 as the published checkpoints store them: 36 F32 tensors for the 0.8B,
 //! 48 for the 4B) plus a few `mtp.*` tensors a loader must skip, `lm_head.weight` when the config is untied,
-//! and `model.safetensors.index.json`. The adapter (and kev-bench's head) names the base of the release the shape stands
-//! for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-4B otherwise). `kev/` (optional): a PEFT
+//! and `model.safetensors.index.json`. The adapter (and kev-bench's head) names the base of the release the
+//! shape stands for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-4B otherwise). `kev/` (optional): a PEFT
 //! `adapter_config.json` + `adapter_model.safetensors` over the 12 target modules, F32, rank 16, with
 //! non-zero `B` so the adapter changes the outputs, keyed as PEFT writes them around the text model
 //! (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
