@@ -724,14 +724,14 @@ mod tests {
         );
         // 2.0 / 1.5 = 1.33 < 1.5.
         assert!(!get("fp32 vs llama.cpp bf16, 94").met);
-        let share = get("1518 tokens");
+        let share = get("share of the measured avx2 f32 FMA peak, 1518 tokens");
         assert!(share.what.contains("avx2 f32 FMA peak") && share.threshold == 0.70 && !share.met);
         // The long row: fp32 (the AVX2 arm) at ≥ 50 %; the bf16 arm is not held to it here.
-        let long = get("8192 tokens");
+        let long = get("share of the measured avx2 f32 FMA peak, 8192 tokens");
         assert!(long.met && long.threshold == 0.50 && long.what.starts_with("fp32"));
         assert_eq!(b.iter().filter(|x| x.what.contains("8192")).count(), 1);
-        // 2 ratios + share at 1,518 + long row + RSS.
-        assert_eq!(b.len(), 5);
+        // 3 ratios (torch at 94 and 1,518, llama.cpp at 94) + share at 1,518 + long row + RSS.
+        assert_eq!(b.len(), 6, "{b:?}");
         // AVX-512 BF16 holds the long row to the bf16 arm instead.
         let b = bars(Isa::Avx512Bf16, &rows, &c);
         let long = b.iter().find(|x| x.what.contains("8192")).unwrap();
