@@ -20,7 +20,7 @@ _MASK = (1 << 64) - 1
 def bench_ids(n: int, seed: int = DEFAULT_SEED, vocab: int = ORDINARY_VOCAB) -> list[int]:
     """The first `n` ids of the bench stream: splitmix64 from `seed`, each output modulo `vocab`.
 
-    `kev bench` (crates/cli/src/cmd/bench/peers.rs `bench_ids`) draws the same stream, so either side can generate the
+    `kev bench` (crates/bench/src/peers.rs `bench_ids`) draws the same stream, so either side can generate the
     rows and both time the same tokens. A row of n tokens is a prefix of every longer row.
     """
     out = []

@@ -79,18 +79,8 @@ impl ModelArgs {
     /// The load specification these flags name.
     pub fn load_spec(&self, settings: Settings) -> anyhow::Result<LoadSpec> {
         self.check_device()?;
-        let source = match (&self.model, &self.base, &self.kev) {
-            (Some(dir), _, _) => Source::Prepared(dir.clone()),
-            (None, Some(base), Some(kev)) => Source::Release {
-                base: base.clone(),
-                kev: kev.clone(),
-            },
-            _ => anyhow::bail!(
-                "name a model: --model DIR (prepared), or --base DIR --kev DIR (release)"
-            ),
-        };
         Ok(LoadSpec {
-            source,
+            source: self.source()?,
             form: self.weights,
             arm: self.arm(),
             settings,

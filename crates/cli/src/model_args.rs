@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::path::PathBuf;
 
 use clap::builder::{PossibleValue, TypedValueParser};
-use kev_decide::WeightForm;
+use kev_decide::{Source, WeightForm};
 use kev_engine::Arm;
 
 /// Which model to load and how to compute with it.
@@ -53,24 +53,17 @@ impl ModelArgs {
         }
     }
 
-    /// How to load the backbone: the checkpoint directory and its load options (the `exact` form keeps
-    /// the adapter unmerged; `merged` from `--base/--kev` merges it at load, bit-exact with `kev prepare`).
-    pub fn backbone_source(&self) -> anyhow::Result<(PathBuf, kev_engine::LoadOptions)> {
-        self.check_device()?;
-        let opts = |adapter: Option<&PathBuf>, merge: bool| kev_engine::LoadOptions {
-            adapter: adapter.cloned(),
-            kernels: None,
-            merge_adapter: merge,
-        };
-        match (&self.model, &self.base, &self.kev, self.weights) {
-            (Some(model), _, _, WeightForm::Merged) => Ok((model.clone(), opts(None, false))),
-            (Some(_), _, _, _) => anyhow::bail!(
-                "--weights exact needs --base and --kev (a prepared --model holds merged weights only)"
+    /// The model's files these flags name.
+    pub fn source(&self) -> anyhow::Result<Source> {
+        match (&self.model, &self.base, &self.kev) {
+            (Some(dir), _, _) => Ok(Source::Prepared(dir.clone())),
+            (None, Some(base), Some(kev)) => Ok(Source::Release {
+                base: base.clone(),
+                kev: kev.clone(),
+            }),
+            _ => anyhow::bail!(
+                "name a model: --model DIR (prepared), or --base DIR --kev DIR (release)"
             ),
-            (None, Some(base), Some(kev), w) => {
-                Ok((base.clone(), opts(Some(kev), w == WeightForm::Merged)))
-            }
-            _ => anyhow::bail!("pass --model DIR, or --base DIR --kev DIR"),
         }
     }
 
@@ -100,6 +93,27 @@ impl Named for Arm {
     const ALL: &'static [Self] = &[Arm::Fp32, Arm::Bf16, Arm::Int8];
     fn name(self) -> &'static str {
         Arm::name(self)
+    }
+}
+
+impl Named for kev_bench::PeerName {
+    const ALL: &'static [Self] = &kev_bench::PeerName::ALL;
+    fn name(self) -> &'static str {
+        kev_bench::PeerName::name(self)
+    }
+}
+
+impl Named for kev_bench::decide::Case {
+    const ALL: &'static [Self] = &kev_bench::decide::Case::ALL;
+    fn name(self) -> &'static str {
+        kev_bench::decide::Case::name(self)
+    }
+}
+
+impl Named for kev_bench::synth::Shape {
+    const ALL: &'static [Self] = &kev_bench::synth::Shape::ALL;
+    fn name(self) -> &'static str {
+        kev_bench::synth::Shape::name(self)
     }
 }
 

@@ -13,7 +13,8 @@
 //!   reads the same tree.
 //! - [`backend::Backend`] is the boundary every device implements (the CUDA one lives in `kev-cuda`);
 //!   [`backend::CpuBackend`] is this one.
-//! - [`synth`] writes random-weight releases (the real 4B shape for benchmarks, tiny ones for tests).
+//! - [`synth`] writes random-weight checkpoints and adapters in the published layout (the real 4B and 0.8B shapes
+//!   for `kev synth`, tiny ones for tests).
 #![deny(missing_docs)]
 
 mod attention;

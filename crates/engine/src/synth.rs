@@ -3,17 +3,16 @@
 //! `base/`: composite `config.json`, safetensors shards with `model.language_model.` names (BF16; the GDN
 //! `A_log` and gated-norm weight in F32 as the published checkpoints store them: 36 F32 tensors for the 0.8B,
 //! 48 for the 4B) plus a few `mtp.*` tensors a loader must skip, `lm_head.weight` when the config is untied,
-//! and `model.safetensors.index.json`. The head and adapter name the base of the release the shape stands
-//! for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-4B otherwise). `kev/` (optional): a PEFT
+//! and `model.safetensors.index.json`. The adapter (and kev-bench's head) names the base of the release the
+//! shape stands for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-4B otherwise). `kev/` (optional): a PEFT
 //! `adapter_config.json` + `adapter_model.safetensors` over the 12 target modules, F32, rank 16, with
 //! non-zero `B` so the adapter changes the outputs, keyed as PEFT writes them around the text model
 //! (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
 //! and the engine matches their float32 hidden states (checked by hand with transformers 5.23.0).
 //!
-//! [`write_decision_files`] adds what a decision needs on top of the adapter: a `tokenizer.json` (copied: the
-//! real Kev vocabulary) and a random pointer head in the prepared form (`head.safetensors` + `kev_head.json`,
-//! the layout `kev_release::head::PreparedHead::read` loads). `head.pt` is a torch pickle and is not written
-//! here (`tools/bench/head_pt.py` writes one from these tensors where a torch-side consumer needs it).
+//! This is the checkpoint side only, which the engine's own tests load. What a decision needs on top (the Kev
+//! tokenizer and a random pointer head) and the `kev synth` command are kev-bench's (`kev_bench::synth`), which
+//! draws the head's values with the same generator ([`draw_uniform`]).
 //!
 //! Values come from a counter-based generator (one hash per element index), so any chunk can be made
 //! independently, in parallel, and the files are identical for a given seed. Scales keep activations in a
@@ -27,7 +26,6 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde_json::{Map, Value, json};
 
-use kev_release::head::{Delimiters, HeadMeta, HeadProvenance, KevHead, Linear};
 use kev_release::stream::{PlannedTensor, SafetensorsWriter, StreamError};
 
 use crate::config::{LayerKind, Qwen35Config};
@@ -421,26 +419,14 @@ pub fn write_adapter(dir: &Path, cfg: &Qwen35Config, seed: u64) -> Result<PathBu
     Ok(dir.to_path_buf())
 }
 
-/// Width of Kev's pointer head (`q`, `k`: hidden → 256, in every size).
-pub const HEAD_DIM: usize = 256;
-/// Kev-4B's fitted softmax temperature (peers-notes §1), given to synthetic heads so their probabilities
-/// are about as peaked as the real model's.
-pub const KEV_4B_TEMPERATURE: f64 = 2.41;
-/// Kev-0.8B v1.0's fitted temperature (2.3510958125672174 in its head.pt), rounded like the 4B's.
-pub const KEV_0_8B_TEMPERATURE: f64 = 2.35;
-/// Keeps the head's values independent of the adapter's and the backbone's for the same seed.
-const HEAD_SALT: u64 = 0x4ead;
-
-/// Which published release a synthetic one stands in for: the base its head and adapter name (and the
-/// pinned revision Kev 1.0 was trained on), and the temperature of its head.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Which published release a synthetic one stands in for: the base its adapter (and kev-bench's head) name,
+/// and the pinned revision Kev 1.0 was trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
     /// Base repository (`Qwen/Qwen3.5-0.8B-Base`).
     pub base: &'static str,
     /// Its pinned revision (release-pins, docs/kev-0.8b-pins.md).
     pub base_revision: &'static str,
-    /// Softmax temperature of the synthetic head.
-    pub temperature: f64,
 }
 
 impl Identity {
@@ -455,120 +441,23 @@ impl Identity {
             Identity {
                 base: "Qwen/Qwen3.5-0.8B-Base",
                 base_revision: "dc7cdfe2ee4154fa7e30f5b51ca41bfa40174e68",
-                temperature: KEV_0_8B_TEMPERATURE,
             }
         } else {
             Identity {
                 base: "Qwen/Qwen3.5-4B-Base",
                 base_revision: "1001bb4d826a52d1f399e183466143f4da7b741b",
-                temperature: KEV_4B_TEMPERATURE,
             }
         }
     }
 }
 
-/// A random pointer head in fp32 with Kev-4B's metadata key set: weights uniform with unit output variance
-/// for unit-variance inputs (like the projections), biases uniform on ±0.1.
-pub fn random_head(hidden: usize, head_dim: usize, temperature: f64, seed: u64) -> KevHead {
-    let four = Identity::of(&Qwen35Config::qwen35_4b());
-    random_head_as(
-        hidden,
-        head_dim,
-        Identity {
-            temperature,
-            ..four
-        },
-        seed,
-    )
-}
-
-/// [`random_head`] naming the base and revision of `id`, at its temperature.
-pub fn random_head_as(hidden: usize, head_dim: usize, id: Identity, seed: u64) -> KevHead {
-    let seed = seed ^ HEAD_SALT;
-    let draw = |name: &str, n: usize, init: Init| -> Vec<f32> {
-        let key = name_key(seed, name);
-        (0..n as u64).map(|i| value(init, key, i)).collect()
-    };
-    let w = Init::Uniform((3.0 / hidden.max(1) as f32).sqrt());
-    let b = Init::Uniform(0.1);
-    let linear = |p: &str| Linear {
-        out_features: head_dim,
-        in_features: hidden,
-        weight: draw(&format!("{p}.weight"), head_dim * hidden, w),
-        bias: draw(&format!("{p}.bias"), head_dim, b),
-    };
-    KevHead {
-        meta: HeadMeta {
-            base: id.base.into(),
-            base_revision: id.base_revision.into(),
-            lora: json!(16),
-            head_dim,
-            option_isolation: json!(false),
-            special_embeddings: json!(false),
-            weights_dtype: json!("bfloat16"),
-            temperature: id.temperature,
-            lora_placement: json!("all"),
-        },
-        q: linear("q"),
-        k: linear("k"),
-    }
-}
-
-/// What [`write_decision_files`] wrote.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct DecisionFiles {
-    /// The copied `tokenizer.json`.
-    pub tokenizer: PathBuf,
-    /// `head.safetensors` (fp32 `q.weight`, `q.bias`, `k.weight`, `k.bias`).
-    pub head: PathBuf,
-    /// `kev_head.json` (metadata, delimiter ids, temperature, scale).
-    pub head_json: PathBuf,
-    /// Head width.
-    pub head_dim: usize,
-    /// Softmax temperature.
-    pub temperature: f64,
-}
-
-/// Make `dir` (a Kev release directory, usually next to the adapter) loadable for decisions: copy
-/// `tokenizer` (and a `tokenizer_config.json` beside it, when there is one) and write a random head for a
-/// decoder of `cfg`'s width in the prepared form. The delimiter ids are read from the tokenizer, so the head's
-/// metadata agrees with the file it ships with.
-pub fn write_decision_files(
-    dir: &Path,
-    tokenizer: &Path,
-    cfg: &Qwen35Config,
-    seed: u64,
-) -> Result<DecisionFiles, EngineError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let tok_out = dir.join("tokenizer.json");
-    std::fs::copy(tokenizer, &tok_out).map_err(io_err(tokenizer))?;
-    if let Some(side) = tokenizer.parent().map(|p| p.join("tokenizer_config.json"))
-        && side.is_file()
-    {
-        std::fs::copy(&side, dir.join("tokenizer_config.json")).map_err(io_err(&side))?;
-    }
-    let head_err = |e: kev_release::head::HeadError| EngineError::Parse {
-        path: dir.to_path_buf(),
-        reason: e.to_string(),
-    };
-    let delimiters = Delimiters::from_tokenizer_json(&tok_out).map_err(head_err)?;
-    let id = Identity::of(cfg);
-    let head = random_head_as(cfg.hidden_size, HEAD_DIM, id, seed);
-    let provenance = HeadProvenance {
-        source: format!("kev synth (random head, seed {seed})"),
-        revision: None,
-        // No head.pt exists for a synthetic head.
-        head_pt_sha256: String::new(),
-    };
-    head.write_prepared(dir, &delimiters, &provenance)
-        .map_err(head_err)?;
-    Ok(DecisionFiles {
-        tokenizer: tok_out,
-        head: dir.join(kev_release::head::HEAD_SAFETENSORS),
-        head_json: dir.join(kev_release::head::HEAD_JSON),
-        head_dim: HEAD_DIM,
-        temperature: id.temperature,
-    })
+/// `n` values uniform on `[-a, a]`, drawn as every synthetic tensor's are: keyed by `seed` and `name`, one
+/// hash per element index (the same values for the same arguments, on any machine).
+pub fn draw_uniform(seed: u64, name: &str, n: usize, a: f32) -> Vec<f32> {
+    let key = name_key(seed, name);
+    (0..n as u64)
+        .map(|i| value(Init::Uniform(a), key, i))
+        .collect()
 }
 
 /// A small decoder for tests and demos: the fixture release's widths (hidden 16, 8 layers 3:1) with a
@@ -604,69 +493,4 @@ pub fn cut(cfg: &Qwen35Config, layers: usize, vocab: usize) -> Qwen35Config {
     c.layer_types.truncate(layers);
     c.vocab_size = vocab;
     c
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fixture_tokenizer() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/kev/tokenizer.json")
-    }
-
-    #[test]
-    fn decision_files_round_trip_through_the_prepared_head_reader() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = tiny_config(248_320);
-        let files = write_decision_files(dir.path(), &fixture_tokenizer(), &cfg, 3).unwrap();
-        assert!(files.tokenizer.is_file() && dir.path().join("tokenizer_config.json").is_file());
-        let read = kev_release::head::PreparedHead::read(dir.path()).unwrap();
-        assert_eq!(read.head, random_head(16, HEAD_DIM, KEV_4B_TEMPERATURE, 3));
-        assert_eq!(read.head.meta.base, "Qwen/Qwen3.5-4B-Base");
-        assert_eq!(read.head.hidden_size(), 16);
-        assert_eq!(read.scale, 1.0 / 16.0);
-        // The delimiter ids come from the copied tokenizer (kev-contract §1).
-        assert_eq!(read.delimiters.state, 248_060);
-        assert_eq!(read.delimiters.decide, 248_062);
-    }
-
-    #[test]
-    fn a_0_8b_shaped_release_names_the_0_8b_base() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = cut(&Qwen35Config::qwen35_0_8b(), 4, 512);
-        assert_eq!(
-            Identity::of(&cfg),
-            Identity::of(&Qwen35Config::qwen35_0_8b())
-        );
-        let files = write_decision_files(dir.path(), &fixture_tokenizer(), &cfg, 1).unwrap();
-        assert_eq!(files.temperature, KEV_0_8B_TEMPERATURE);
-        let read = kev_release::head::PreparedHead::read(dir.path()).unwrap();
-        assert_eq!(read.head.meta.base, "Qwen/Qwen3.5-0.8B-Base");
-        assert_eq!(
-            read.head.meta.base_revision,
-            "dc7cdfe2ee4154fa7e30f5b51ca41bfa40174e68"
-        );
-        assert_eq!(read.head.hidden_size(), 1024);
-        write_adapter(dir.path(), &cfg, 1).unwrap();
-        let ac: Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("adapter_config.json")).unwrap())
-                .unwrap();
-        assert_eq!(ac["base_model_name_or_path"], "Qwen/Qwen3.5-0.8B-Base");
-        assert_eq!(Identity::of(&tiny_config(300)).base, "Qwen/Qwen3.5-4B-Base");
-    }
-
-    #[test]
-    fn random_heads_are_seeded_and_scaled() {
-        let a = random_head(2560, 256, 2.0, 0);
-        assert_eq!(a, random_head(2560, 256, 2.0, 0));
-        assert_ne!(a.q.weight, random_head(2560, 256, 2.0, 1).q.weight);
-        assert_ne!(a.q.weight, a.k.weight);
-        assert_eq!(a.q.weight.len(), 256 * 2560);
-        let bound = (3.0f32 / 2560.0).sqrt();
-        assert!(a.q.weight.iter().all(|w| w.abs() <= bound));
-        // Unit output variance for unit-variance inputs: mean square ≈ 1 / hidden.
-        let ms = a.k.weight.iter().map(|w| (w * w) as f64).sum::<f64>() / a.k.weight.len() as f64;
-        assert!((ms * 2560.0 - 1.0).abs() < 0.01, "{ms}");
-        assert!(a.q.bias.iter().all(|b| b.abs() <= 0.1));
-    }
 }

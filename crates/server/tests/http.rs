@@ -2,230 +2,16 @@
 //! compressed bodies, request ids, readiness, overload and shutdown. Real answers are tested where the
 //! engine glue is (kev-engine) and end to end in the CLI tests.
 
+mod support;
+
 use std::io::Write;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
-use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
-use serde_json::{Value, json};
-
-/// Echoes each request's question ids with a fixed noul answer; can be slowed down, held before
-/// warm-up, or made to panic.
-#[derive(Default)]
-struct Stub {
-    delay: Duration,
-    hold_warm_up: Option<Mutex<std::sync::mpsc::Receiver<()>>>,
-    panic_on: Option<String>,
-    runs: AtomicUsize,
-}
-
-struct Job {
-    model: String,
-    ids: Vec<String>,
-}
-
-/// A stub's 422: the contract's validation error with these `detail` entries.
-fn validation(body: Value) -> ApiError {
-    let details = body["detail"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| ErrorDetail {
-            kind: d["type"].as_str().unwrap().into(),
-            loc: d["loc"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|l| match l.as_u64() {
-                    Some(i) => LocItem::Index(i as usize),
-                    None => LocItem::Key(l.as_str().unwrap().into()),
-                })
-                .collect(),
-            msg: d["msg"].as_str().unwrap().into(),
-            input: d["input"].clone(),
-            ctx: None,
-        })
-        .collect();
-    ApiError::from(ContractError::Invalid(details))
-}
-
-/// A stub's answer, typed as the decider returns it.
-fn response(v: Value) -> ResponseBody {
-    ResponseBody::new(
-        v["model"].as_str().unwrap(),
-        v["answers"].clone(),
-        v["usage"]["input_tokens"].as_u64().unwrap() as usize,
-        v["usage"]["output_tokens"].as_u64().unwrap() as usize,
-    )
-}
-
-impl Decider for Stub {
-    type Job = Job;
-
-    fn admit(&self, body: &[u8]) -> Result<Admission<Job>, ApiError> {
-        let v: Value = serde_json::from_slice(body).map_err(|_| {
-            validation(json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
-        })?;
-        let Some(qs) = v.get("questions").and_then(Value::as_object) else {
-            return Err(validation(
-                json!({"detail":[{"type":"missing","loc":["body","questions"],"msg":"Field required","input":v}]}),
-            ));
-        };
-        let model = v
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or("kev-latest")
-            .to_string();
-        Ok(Admission {
-            tokens: 10 * qs.len(),
-            job: Job {
-                model,
-                ids: qs.keys().cloned().collect(),
-            },
-        })
-    }
-
-    fn need(&self, job: &Job) -> Need {
-        let t = 10 * job.ids.len();
-        Need {
-            phase: t,
-            unit: t,
-            remaining: t,
-        }
-    }
-
-    fn pass(&self, grants: &mut [(&mut Job, usize)]) -> Vec<Step> {
-        self.runs.fetch_add(grants.len(), Ordering::SeqCst);
-        std::thread::sleep(self.delay);
-        grants
-            .iter()
-            .map(|(j, _)| {
-                if self.panic_on.as_deref() == Some(j.model.as_str()) {
-                    panic!("stub engine failure");
-                }
-                let answers: serde_json::Map<String, Value> = j
-                    .ids
-                    .iter()
-                    .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
-                    .collect();
-                Step::Done(Ok(response(json!({"model": j.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}})),
-                ))
-            })
-            .collect()
-    }
-
-    fn warm_up(&self) -> Result<(), String> {
-        if let Some(rx) = &self.hold_warm_up {
-            let _ = rx.lock().unwrap().recv();
-        }
-        Ok(())
-    }
-
-    fn model_card(&self) -> Value {
-        json!({"description": "stub", "release_date": "2026-10-01", "x_backend": "stub"})
-    }
-}
-
-struct Running {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<(), kev_server::ServerError>>>,
-}
-
-impl Running {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    fn stop(mut self) -> Result<(), kev_server::ServerError> {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn start(config: ServerConfig, stub: Stub) -> Running {
-    start_arc(config, Arc::new(stub))
-}
-
-fn start_arc(config: ServerConfig, stub: Arc<Stub>) -> Running {
-    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    std_listener.set_nonblocking(true).unwrap();
-    let addr = std_listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
-            kev_server::serve_on(listener, config, stub, async move {
-                let _ = rx.await;
-            })
-            .await
-        })
-    });
-    Running {
-        addr,
-        stop: Some(tx),
-        thread: Some(thread),
-    }
-}
-
-fn wait_ready(r: &Running) {
-    for _ in 0..200 {
-        if let Ok(resp) = agent().get(&r.url("/ready")).call()
-            && resp.status() == 200
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let last = agent().get(&r.url("/ready")).call();
-    panic!("server never became ready: {last:?}");
-}
-
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(20))
-        .build()
-}
-
-/// (status, headers we care about, JSON body) whatever the status.
-fn send(req: ureq::Request, body: &[u8]) -> (u16, ureq::Response) {
-    match req.send_bytes(body) {
-        Ok(r) => (r.status(), r),
-        Err(ureq::Error::Status(code, r)) => (code, r),
-        Err(e) => panic!("transport error: {e}"),
-    }
-}
-
-fn json_of(r: ureq::Response) -> Value {
-    let ct = r.header("content-type").unwrap_or("").to_string();
-    let text = r.into_string().unwrap();
-    assert!(
-        ct.starts_with("application/json"),
-        "content-type {ct:?} for {text}"
-    );
-    serde_json::from_str(&text).unwrap()
-}
+use kev_server::ServerConfig;
+use serde_json::Value;
+use support::{Running, Stub, agent, json_of, send, start, wait_ready};
 
 const BODY: &str = r#"{"model":"jev-latest","state":"hello","questions":{"q1":{"type":"noul"},"q2":{"type":"noul"}}}"#;
 
@@ -242,7 +28,7 @@ fn assert_error_type(v: &Value, error_type: &str) {
 
 #[test]
 fn answers_in_request_order_with_headers_and_usage() {
-    let r = start(ServerConfig::default(), Stub::default());
+    let r = start(ServerConfig::default(), Arc::new(Stub::default()));
     wait_ready(&r);
     let (status, resp) = send(
         post(&r).set("x-typesafe-request-id", "abc-123"),
@@ -272,7 +58,7 @@ fn answers_in_request_order_with_headers_and_usage() {
 
 #[test]
 fn validation_errors_are_422_lists_and_never_5xx() {
-    let r = start(ServerConfig::default(), Stub::default());
+    let r = start(ServerConfig::default(), Arc::new(Stub::default()));
     wait_ready(&r);
     for body in [&b"not json"[..], br#"{"state":"x"}"#] {
         let (status, resp) = send(post(&r), body);
@@ -288,7 +74,7 @@ fn auth_on_guards_v1_routes_only() {
         api_key: Some("s3cret".into()),
         ..ServerConfig::default()
     };
-    let r = start(config, Stub::default());
+    let r = start(config, Arc::new(Stub::default()));
     wait_ready(&r);
     let (status, resp) = send(post(&r), BODY.as_bytes());
     assert_eq!(status, 403);
@@ -333,7 +119,7 @@ fn auth_on_guards_v1_routes_only() {
 
 #[test]
 fn auth_off_accepts_any_bearer() {
-    let r = start(ServerConfig::default(), Stub::default());
+    let r = start(ServerConfig::default(), Arc::new(Stub::default()));
     wait_ready(&r);
     let (status, _) = send(
         post(&r).set("authorization", "Bearer jevcompat-no-key"),
@@ -344,7 +130,7 @@ fn auth_off_accepts_any_bearer() {
 
 #[test]
 fn compressed_bodies_and_encodings() {
-    let r = start(ServerConfig::default(), Stub::default());
+    let r = start(ServerConfig::default(), Arc::new(Stub::default()));
     wait_ready(&r);
     let zstd_body = zstd::encode_all(BODY.as_bytes(), 3).unwrap();
     let (status, resp) = send(post(&r).set("content-encoding", "zstd"), &zstd_body);
@@ -382,7 +168,7 @@ fn body_limit_applies_after_decompression() {
         max_body: 4096,
         ..ServerConfig::default()
     };
-    let r = start(config, Stub::default());
+    let r = start(config, Arc::new(Stub::default()));
     wait_ready(&r);
     let big = format!(
         r#"{{"state":"{}","questions":{{"q":{{"type":"noul"}}}}}}"#,
@@ -401,7 +187,7 @@ fn body_limit_applies_after_decompression() {
 
 #[test]
 fn unknown_routes_and_methods_are_json() {
-    let r = start(ServerConfig::default(), Stub::default());
+    let r = start(ServerConfig::default(), Arc::new(Stub::default()));
     wait_ready(&r);
     let (status, resp) = send(agent().get(&r.url("/nope")), b"");
     assert_eq!(status, 404);
@@ -417,7 +203,7 @@ fn models_lists_every_alias_with_the_card() {
         model_names: vec!["kev-latest".into(), "jev-latest".into(), "kev-4b".into()],
         ..ServerConfig::default()
     };
-    let r = start(config, Stub::default());
+    let r = start(config, Arc::new(Stub::default()));
     wait_ready(&r);
     let (status, resp) = send(agent().get(&r.url("/v1/models")), b"");
     assert_eq!(status, 200);
@@ -440,7 +226,7 @@ fn not_ready_until_warm_up_succeeds() {
         hold_warm_up: Some(Mutex::new(rx)),
         ..Stub::default()
     };
-    let r = start(ServerConfig::default(), stub);
+    let r = start(ServerConfig::default(), Arc::new(stub));
     // Wait for the listener, then check readiness is off while warm-up is held.
     let mut ready_status = 0;
     for _ in 0..200 {
@@ -466,7 +252,7 @@ fn engine_panic_is_a_500_with_the_request_id_and_the_server_stays_up() {
         panic_on: Some("boom".into()),
         ..Stub::default()
     };
-    let r = start(ServerConfig::default(), stub);
+    let r = start(ServerConfig::default(), Arc::new(stub));
     wait_ready(&r);
     let body = r#"{"model":"boom","state":"x","questions":{"q":{"type":"noul"}}}"#;
     let (status, resp) = send(
@@ -497,7 +283,7 @@ fn overload_answers_200_429_or_529_and_loses_nothing() {
         delay: Duration::from_millis(60),
         ..Stub::default()
     });
-    let r = start_arc(config, Arc::clone(&stub));
+    let r = start(config, Arc::clone(&stub));
     wait_ready(&r);
     let n = 16; // 4 × the queue capacity
     let url = r.url("/v1/systemone");
@@ -548,7 +334,7 @@ fn shutdown_finishes_accepted_work() {
         delay: Duration::from_millis(300),
         ..Stub::default()
     };
-    let r = start(ServerConfig::default(), stub);
+    let r = start(ServerConfig::default(), Arc::new(stub));
     wait_ready(&r);
     let url = r.url("/v1/systemone");
     let inflight = std::thread::spawn(move || {
@@ -565,7 +351,7 @@ fn shutdown_finishes_accepted_work() {
 
 #[test]
 fn metrics_and_openapi() {
-    let r = start(ServerConfig::default(), Stub::default());
+    let r = start(ServerConfig::default(), Arc::new(Stub::default()));
     wait_ready(&r);
     assert_eq!(send(post(&r), BODY.as_bytes()).0, 200);
     let (status, resp) = send(agent().get(&r.url("/metrics")), b"");
@@ -594,7 +380,7 @@ fn a_request_whose_client_left_is_dropped_before_it_runs() {
         delay: Duration::from_millis(400),
         ..Stub::default()
     });
-    let r = start_arc(ServerConfig::default(), Arc::clone(&stub));
+    let r = start(ServerConfig::default(), Arc::clone(&stub));
     wait_ready(&r);
     // A occupies the engine.
     let url = r.url("/v1/systemone");

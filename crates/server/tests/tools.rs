@@ -3,14 +3,15 @@
 //! shuffle), runs[0] against the plain answer, spreads and stability recomputed from the runs, usage, errors.
 //! The same endpoints over the real engine are checked end to end in the CLI tests (kev serve --demo).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+mod support;
 
-use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
+use std::sync::Arc;
+
 use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Map, Value, json};
+use support::{Running, parse_body, response, validation};
 
+/// The choice stand-in (`choice_answer`); noul questions get 0.25.
 struct Stub;
 
 fn round4(x: f64) -> f64 {
@@ -41,48 +42,11 @@ fn choice_answer(criteria: &Map<String, Value>) -> Value {
     json!({"type": "choice", "choice": choice, "confidence": 0.5, "probabilities": probs})
 }
 
-/// A stub's 422: the contract's validation error with these `detail` entries.
-fn validation(body: Value) -> ApiError {
-    let details = body["detail"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| ErrorDetail {
-            kind: d["type"].as_str().unwrap().into(),
-            loc: d["loc"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|l| match l.as_u64() {
-                    Some(i) => LocItem::Index(i as usize),
-                    None => LocItem::Key(l.as_str().unwrap().into()),
-                })
-                .collect(),
-            msg: d["msg"].as_str().unwrap().into(),
-            input: d["input"].clone(),
-            ctx: None,
-        })
-        .collect();
-    ApiError::from(ContractError::Invalid(details))
-}
-
-/// A stub's answer, typed as the decider returns it.
-fn response(v: Value) -> ResponseBody {
-    ResponseBody::new(
-        v["model"].as_str().unwrap(),
-        v["answers"].clone(),
-        v["usage"]["input_tokens"].as_u64().unwrap() as usize,
-        v["usage"]["output_tokens"].as_u64().unwrap() as usize,
-    )
-}
-
 impl Decider for Stub {
     type Job = Value;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Value>, ApiError> {
-        let v: Value = serde_json::from_slice(body).map_err(|_| {
-            validation(json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
-        })?;
+        let v = parse_body(body)?;
         let Some(qs) = v
             .get("questions")
             .and_then(Value::as_object)
@@ -138,60 +102,13 @@ impl Decider for Stub {
     }
 }
 
-struct Running {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
+/// A ready server over the choice stand-in.
 fn start(api_key: Option<&str>) -> Running {
     let config = ServerConfig {
         api_key: api_key.map(String::from),
         ..ServerConfig::default()
     };
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.set_nonblocking(true).unwrap();
-    let addr = l.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(l).unwrap();
-            let _ = kev_server::serve_on(listener, config, Arc::new(Stub), async move {
-                let _ = rx.await;
-            })
-            .await;
-        })
-    });
-    let r = Running {
-        addr,
-        stop: Some(tx),
-        thread: Some(thread),
-    };
-    for _ in 0..300 {
-        if let Ok(resp) = ureq::get(&format!("http://{addr}/ready")).call()
-            && resp.status() == 200
-        {
-            return r;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("never ready");
+    support::start_ready(config, Arc::new(Stub))
 }
 
 fn post(r: &Running, path: &str, body: &Value, key: Option<&str>) -> (u16, Value) {

@@ -1,25 +1,15 @@
-//! `kev bench <sub-benchmark>`: performance measurements of record, printed as a table and written as JSON.
-//!
-//! - `backbone` ([`backbone`]): one row of N tokens through the backbone, per compute arm — median wall time,
-//!   GFLOP/s, share of the machine peak measured in the same run, peak RSS — and, in the same run on the same
-//!   weights and token ids, the peers: torch fp32, torch bf16, llama.cpp bf16, with ratios.
-//! - `decide` ([`decide`]): the Core AI port's timing cases end to end (request bytes → answers), from zero /
-//!   shared / cached, both arms, and the torch reference (the author's row form) on two of them, with ratios.
-//!
-//! Both measure our engine first, drop the model (8.5 GB), then run the peers as subprocesses: torch fp32 on the
-//! 4B needs ~21 GB of a 24 GB machine. Timing lives here only; the unit tests below check the arithmetic.
+//! `kev bench <sub-benchmark>`: the flags; the measuring is kev-bench's (`kev_bench::backbone`,
+//! `kev_bench::decide`).
 
-mod backbone;
-mod decide;
-mod peers;
-mod requests;
-
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use kev_bench::PeerName;
+use kev_bench::decide::Case;
+use kev_bench::peers::BENCH_SEED;
 use kev_engine::Arm;
-use serde::Serialize;
 
-use peers::{PeerEnv, PeerError};
+use crate::model_args::{LibraryEnum, ModelArgs};
 
 /// Flags of `kev bench`.
 #[derive(clap::Args)]
@@ -31,450 +21,249 @@ pub struct Args {
 #[derive(clap::Subcommand)]
 enum Sub {
     /// One row of N tokens through the backbone, per compute arm, against torch and llama.cpp.
-    Backbone(backbone::BackboneArgs),
+    Backbone(BackboneArgs),
     /// Decisions end to end on the Core AI port's timing cases, against the torch reference.
-    Decide(decide::DecideArgs),
+    Decide(DecideArgs),
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.sub {
-        Sub::Backbone(a) => backbone::run(a),
-        Sub::Decide(a) => decide::run(a),
+        Sub::Backbone(a) => kev_bench::backbone::run(a.options()?)?,
+        Sub::Decide(a) => kev_bench::decide::run(a.options()?)?,
     }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// The compute arms to time: `--precision` picks one, else `--arms`, else both.
-fn arms(precision: Option<Arm>, listed: &[String]) -> anyhow::Result<Vec<Arm>> {
-    if let Some(arm) = precision {
-        return Ok(vec![arm]);
-    }
-    if listed.is_empty() {
-        return Ok(vec![Arm::Fp32, Arm::Bf16]);
-    }
-    listed
-        .iter()
-        .map(|s| s.parse().map_err(anyhow::Error::msg))
-        .collect()
+/// The model a bench loads, from the shared model flags (the device checked first: benches run on the CPU).
+fn model(m: &ModelArgs) -> anyhow::Result<kev_bench::Model> {
+    m.check_device()?;
+    Ok(kev_bench::Model {
+        source: m.source()?,
+        weights: m.weights,
+    })
 }
 
-/// Which peers a bench runs (`--peers`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct PeerChoice {
-    torch: bool,
-    llama: bool,
-    /// llama.cpp on its Q8_0 conversion (8-bit weights), besides BF16.
-    llama_q8: bool,
+/// Flags of `kev bench backbone`.
+#[derive(clap::Args)]
+struct BackboneArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Row lengths in tokens (`--lengths 94 380 1518` or `--lengths 94,380,1518`).
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_values_t = [94usize, 380, 1518])]
+    lengths: Vec<usize>,
+    /// Compute arms to time, comma-separated (default: fp32 and bf16; `--precision` picks one).
+    #[arg(long, value_delimiter = ',', value_parser = LibraryEnum::<Arm>::new())]
+    arms: Vec<Arm>,
+    /// Timed runs per (arm, length); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Untimed runs before the timed ones.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Seconds per peak micro-benchmark loop.
+    #[arg(long, default_value_t = 1.0)]
+    peak_seconds: f64,
+    /// Peers to run after ours: `none`, `torch` (fp32 and bf16), `llama` (BF16 GGUF), `llama-q8` (its Q8_0
+    /// GGUF), `all` (= torch,llama; comma-separated). The peers inherit the environment: on an AVX-512
+    /// machine, `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` and
+    /// `KEV_BENCH_LLAMA_ISA=avx2` (an AVX2-only llama.cpp build) make them run as on an AVX2-only CPU.
+    #[arg(long, value_delimiter = ',', default_value = "all", value_parser = LibraryEnum::<PeerName>::new())]
+    peers: Vec<PeerName>,
+    /// Leave torch fp32 out of `torch` (it needs ~21 GB of memory for the 4B and minutes per length).
+    #[arg(long)]
+    no_torch_fp32: bool,
+    /// Leave torch bf16 out of `torch` (without AVX512_BF16 it is several times slower than its fp32).
+    #[arg(long)]
+    no_torch_bf16: bool,
+    /// Timed runs per peer and length (default: --reps); each peer adds one warm-up of its own.
+    #[arg(long)]
+    peer_reps: Option<usize>,
+    /// Write the JSON report to this file (else it is printed after the tables).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Seed of the token stream shared with the torch peer (`kev_bench::peers::bench_ids`).
+    #[arg(long, default_value_t = BENCH_SEED)]
+    seed: u64,
 }
 
-impl PeerChoice {
-    fn parse(s: &str) -> anyhow::Result<Self> {
-        let mut c = PeerChoice {
-            torch: false,
-            llama: false,
-            llama_q8: false,
-        };
-        for part in s.split(',').map(str::trim) {
-            match part {
-                "none" => {}
-                "torch" => c.torch = true,
-                "llama" => c.llama = true,
-                "llama-q8" => c.llama_q8 = true,
-                "all" => {
-                    c.torch = true;
-                    c.llama = true;
-                }
-                other => anyhow::bail!(
-                    "--peers: unknown peer `{other}` (none, torch, llama, llama-q8, all)"
-                ),
-            }
-        }
-        Ok(c)
-    }
-
-    fn any(self) -> bool {
-        self.torch || self.llama || self.llama_q8
-    }
-}
-
-/// The peer environment, or `None` after printing why the peers cannot run at all.
-fn peer_env(threads: usize) -> Option<PeerEnv> {
-    match PeerEnv::from_env() {
-        Ok(env) => Some(env.with_threads(threads)),
-        Err(e) => {
-            eprintln!("{e}");
-            None
-        }
-    }
-}
-
-/// What a peer that gave no timing left in the report: `peer unavailable: …` or `peer failed: …`.
-#[derive(Debug, Clone, Serialize)]
-struct PeerMissing {
-    /// The bench's name for the measurement (`torch fp32`, `llama.cpp bf16`, `torch reference`).
-    what: String,
-    /// The peer script concerned.
-    peer: String,
-    unavailable: bool,
-    reason: String,
-}
-
-impl PeerMissing {
-    /// Print the error (the bench carries on without the peer) and keep it for the JSON.
-    fn note(what: &str, e: &PeerError) -> Self {
-        eprintln!("{e}");
-        PeerMissing {
-            what: what.to_string(),
-            peer: e.peer().to_string(),
-            unavailable: e.is_unavailable(),
-            reason: e.to_string(),
-        }
-    }
-}
-
-/// Where the peers ran from, for the reports.
-#[derive(Debug, Clone, Serialize)]
-struct PeerSetup {
-    cache: String,
-    threads: usize,
-    python: Option<String>,
-}
-
-impl PeerSetup {
-    fn of(env: &PeerEnv) -> Self {
-        PeerSetup {
-            cache: env.cache_dir().display().to_string(),
-            threads: env.threads(),
-            python: std::env::var("KEV_BENCH_PYTHON").ok(),
-        }
-    }
-}
-
-/// Median, extremes and every sample of a set of timings, seconds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-struct Summary {
-    median_s: f64,
-    min_s: f64,
-    max_s: f64,
-    samples_s: Vec<f64>,
-}
-
-impl Summary {
-    /// `None` for no samples.
-    fn of(samples: &[f64]) -> Option<Self> {
-        Some(Summary {
-            median_s: median(samples)?,
-            min_s: samples.iter().copied().fold(f64::INFINITY, f64::min),
-            max_s: samples.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            samples_s: samples.to_vec(),
+impl BackboneArgs {
+    fn options(self) -> anyhow::Result<kev_bench::backbone::Options> {
+        Ok(kev_bench::backbone::Options {
+            model: model(&self.model)?,
+            lengths: self.lengths,
+            precision: self.model.arm(),
+            arms: self.arms,
+            reps: self.reps,
+            warmup: self.warmup,
+            peak_seconds: self.peak_seconds,
+            peers: self.peers,
+            no_torch_fp32: self.no_torch_fp32,
+            no_torch_bf16: self.no_torch_bf16,
+            peer_reps: self.peer_reps,
+            json: self.json,
+            seed: self.seed,
         })
     }
 }
 
-/// The median as Python's `statistics.median` computes it (the peers' figure): the middle sample, or the mean
-/// of the two middle ones for an even count. `None` for no samples.
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
+/// Flags of `kev bench decide`.
+#[derive(clap::Args)]
+struct DecideArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Cases to run, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = LibraryEnum::<Case>::new())]
+    cases: Vec<Case>,
+    /// Compute arms, comma-separated (default: fp32 and bf16; `--precision` picks one).
+    #[arg(long, value_delimiter = ',', value_parser = LibraryEnum::<Arm>::new())]
+    arms: Vec<Arm>,
+    /// Timed runs per (case, arm, mode); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Untimed runs before the timed ones (a cached case always gets at least one: it fills the cache).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Peers: `none` or `torch` (the author's row form, float32, on 1q-94 and 5q-137; needs --base/--kev).
+    #[arg(long, value_delimiter = ',', default_value = "torch", value_parser = LibraryEnum::<PeerName>::new())]
+    peers: Vec<PeerName>,
+    /// Timed runs of the torch reference per request (default: --reps), after one warm-up pass.
+    #[arg(long)]
+    peer_reps: Option<usize>,
+    /// Largest number of tokens one forward pass takes (as `kev serve --pass-tokens`).
+    #[arg(long, default_value_t = 4096)]
+    pass_tokens: usize,
+    /// Shared and cached modes snapshot the state at its end rather than at its last multiple of 64 tokens
+    /// (as `kev serve --unaligned-state`: fewer tokens per question, equal to from-zero rows only to fp32
+    /// rounding).
+    #[arg(long)]
+    unaligned_state: bool,
+    /// Write the JSON report to this file (else it is printed after the tables).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+impl DecideArgs {
+    fn options(self) -> anyhow::Result<kev_bench::decide::Options> {
+        Ok(kev_bench::decide::Options {
+            model: model(&self.model)?,
+            cases: self.cases,
+            precision: self.model.arm(),
+            arms: self.arms,
+            reps: self.reps,
+            warmup: self.warmup,
+            peers: self.peers,
+            peer_reps: self.peer_reps,
+            pass_tokens: self.pass_tokens,
+            unaligned_state: self.unaligned_state,
+            json: self.json,
+        })
     }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    Some(if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    })
-}
-
-/// How many times faster `ours` is than `theirs` (both seconds): `theirs / ours`; `None` unless both are
-/// positive and finite.
-fn speedup(theirs: f64, ours: f64) -> Option<f64> {
-    let ok = |x: f64| x.is_finite() && x > 0.0;
-    (ok(theirs) && ok(ours)).then(|| theirs / ours)
-}
-
-/// A bar of an issue, checked against a measured value.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-struct Bar {
-    /// What is compared (`fp32 vs torch fp32 at 94 tokens`).
-    what: String,
-    /// The measured value (a ratio or a share).
-    value: f64,
-    /// `>=` or `<=`.
-    op: &'static str,
-    /// The bar.
-    threshold: f64,
-    met: bool,
-}
-
-impl Bar {
-    fn at_least(what: impl Into<String>, value: f64, threshold: f64) -> Self {
-        Bar {
-            what: what.into(),
-            value,
-            op: ">=",
-            threshold,
-            met: value >= threshold,
-        }
-    }
-
-    fn at_most(what: impl Into<String>, value: f64, threshold: f64) -> Self {
-        Bar {
-            what: what.into(),
-            value,
-            op: "<=",
-            threshold,
-            met: value <= threshold,
-        }
-    }
-}
-
-fn print_bars(bars: &[Bar]) {
-    if bars.is_empty() {
-        return;
-    }
-    println!();
-    println!("| bar | measured | needed | met |");
-    println!("| --- | ---: | ---: | --- |");
-    for b in bars {
-        println!(
-            "| {} | {:.3} | {} {:.3} | {} |",
-            b.what,
-            b.value,
-            b.op,
-            b.threshold,
-            if b.met { "yes" } else { "**no**" }
-        );
-    }
-}
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in GiB, where the platform has one.
-fn rss_gib(field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024.0 / GIB)
-}
-
-/// Reset this process's peak RSS (`VmHWM`) to its current RSS (Linux: `5` into `/proc/self/clear_refs`), so the
-/// next reading is the peak of what follows. False where that is not possible (the peak then accumulates).
-fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// The machine as the reports record it: CPU model, threads, load averages now.
-#[derive(Debug, Clone, Serialize)]
-struct Machine {
-    cpu: String,
-    threads: usize,
-    /// The kernels' instruction set (`KEV_ISA` caps it).
-    isa: String,
-    /// The CPU's vector-relevant flags (`/proc/cpuinfo`): which instruction sets the machine has.
-    cpu_flags: Vec<String>,
-    /// `/proc/loadavg`'s 1-, 5- and 15-minute load averages when the bench started.
-    load_at_start: Option<[f64; 3]>,
-    /// The same when it finished.
-    load_at_end: Option<[f64; 3]>,
-    /// UTC, `YYYY-MM-DD HH:MM`.
-    started_utc: String,
-}
-
-impl Machine {
-    /// The first line of a report: what ran, when, and how busy the machine was.
-    fn headline(&self) -> String {
-        let load = |l: Option<[f64; 3]>| l.map_or("?".into(), |l| format!("{:.2}", l[0]));
-        format!(
-            "{} ({} threads, kernels {}; CPU has {}), {} UTC, load average {} → {}",
-            self.cpu,
-            self.threads,
-            self.isa,
-            self.cpu_flags.join(" "),
-            self.started_utc,
-            load(self.load_at_start),
-            load(self.load_at_end),
-        )
-    }
-
-    fn now(isa: String) -> Self {
-        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu_flags = info
-            .lines()
-            .find(|l| l.starts_with("flags") || l.starts_with("Features"))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|f| {
-                f.split_whitespace()
-                    .filter(|f| {
-                        [
-                            "avx", "fma", "f16c", "amx", "asimd", "sve", "bf16", "i8mm", "dotprod",
-                        ]
-                        .iter()
-                        .any(|k| f.contains(k))
-                    })
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let cpu = Some(info)
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
-            })
-            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-        Machine {
-            cpu,
-            threads: kev_engine::kernels::threads(),
-            isa,
-            cpu_flags,
-            load_at_start: load_average(),
-            load_at_end: None,
-            started_utc: utc_now(),
-        }
-    }
-
-    fn finish(&mut self) {
-        self.load_at_end = load_average();
-    }
-}
-
-fn load_average() -> Option<[f64; 3]> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    let mut it = text.split_whitespace().map(|s| s.parse::<f64>().ok());
-    Some([it.next()??, it.next()??, it.next()??])
-}
-
-/// The wall clock in UTC as `YYYY-MM-DD HH:MM`.
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    utc_string(secs)
-}
-
-/// Seconds since 1970 → `YYYY-MM-DD HH:MM` (proleptic Gregorian, Howard Hinnant's days-to-civil).
-fn utc_string(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let (hh, mm) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}")
-}
-
-/// Print the report's JSON to `path`, or to stdout after the tables when no path is given.
-fn write_json(report: &impl Serialize, path: Option<&std::path::Path>) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let json = serde_json::to_string_pretty(report)?;
-    match path {
-        Some(p) => {
-            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            std::fs::write(p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
-            eprintln!("wrote {}", p.display());
-        }
-        None => println!("\n{json}"),
-    }
-    Ok(())
-}
-
-/// `1.234` → `"1.234"`, with a precision that suits seconds from milliseconds to minutes.
-fn secs(s: f64) -> String {
-    if s >= 100.0 {
-        format!("{s:.1}")
-    } else if s >= 10.0 {
-        format!("{s:.2}")
-    } else {
-        format!("{s:.3}")
-    }
-}
-
-/// An optional ratio for a table cell.
-fn times(x: Option<f64>) -> String {
-    x.map_or("–".into(), |x| format!("{x:.2}×"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
-    #[test]
-    fn median_is_pythons() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0]), Some(3.0));
-        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
-        // statistics.median([4, 1, 3, 2]) == 2.5
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(&[2.0, 1.0]), Some(1.5));
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn backbone(argv: &[&str]) -> Result<BackboneArgs, clap::Error> {
+        let argv = ["kev", "backbone"].iter().chain(argv).copied();
+        Cli::try_parse_from(argv).map(|c| match c.args.sub {
+            Sub::Backbone(a) => a,
+            Sub::Decide(_) => unreachable!(),
+        })
+    }
+
+    fn decide(argv: &[&str]) -> Result<DecideArgs, clap::Error> {
+        let argv = ["kev", "decide"].iter().chain(argv).copied();
+        Cli::try_parse_from(argv).map(|c| match c.args.sub {
+            Sub::Decide(a) => a,
+            Sub::Backbone(_) => unreachable!(),
+        })
     }
 
     #[test]
-    fn summaries_keep_every_sample() {
-        let s = Summary::of(&[1.5, 0.5, 1.0]).unwrap();
+    fn lengths_take_several_values_after_one_flag_or_a_comma_list() {
+        let a = backbone(&["--model", "m", "--lengths", "94", "380", "1518"]).unwrap();
+        assert_eq!(a.lengths, [94, 380, 1518]);
+        let a = backbone(&["--model", "m", "--lengths", "94,380", "8192"]).unwrap();
+        assert_eq!(a.lengths, [94, 380, 8192]);
+        let a = backbone(&["--model", "m", "--lengths", "8192", "--reps", "1"]).unwrap();
+        assert_eq!((a.lengths.as_slice(), a.reps), ([8192].as_slice(), 1));
+        let a = backbone(&["--model", "m"]).unwrap();
+        assert_eq!(a.lengths, [94, 380, 1518]);
+        assert!(backbone(&["--model", "m", "--lengths", "94", "x"]).is_err());
+    }
+
+    #[test]
+    fn arms_peers_and_cases_are_the_library_types() {
+        let a = backbone(&[
+            "--model",
+            "m",
+            "--arms",
+            "int8,fp32",
+            "--peers",
+            "torch,llama-q8",
+        ])
+        .unwrap();
+        assert_eq!(a.arms, [Arm::Int8, Arm::Fp32]);
+        assert_eq!(a.peers, [PeerName::Torch, PeerName::LlamaQ8]);
+        assert_eq!(backbone(&["--model", "m"]).unwrap().peers, [PeerName::All]);
+        let err = backbone(&["--model", "m", "--arms", "fp16"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("unknown compute arm `fp16` (fp32, bf16, int8)"),
+            "{err}"
+        );
+        let err = backbone(&["--model", "m", "--peers", "vllm"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("unknown peer `vllm`"), "{err}");
+
+        let d = decide(&["--model", "m", "--cases", "1q-94,5q-137-cached"]).unwrap();
         assert_eq!(
-            s,
-            Summary {
-                median_s: 1.0,
-                min_s: 0.5,
-                max_s: 1.5,
-                samples_s: vec![1.5, 0.5, 1.0]
+            d.cases.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            ["1q-94", "5q-137-cached"]
+        );
+        assert_eq!(d.peers, [PeerName::Torch]);
+        let err = decide(&["--model", "m", "--cases", "2q-9"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("unknown case `2q-9` (1q-94, 1q-380"), "{err}");
+    }
+
+    #[test]
+    fn options_carry_the_model_and_the_precision() {
+        let o = backbone(&[
+            "--base",
+            "b",
+            "--kev",
+            "k",
+            "--weights",
+            "exact",
+            "--precision",
+            "bf16",
+        ])
+        .unwrap()
+        .options()
+        .unwrap();
+        assert_eq!(o.precision, Some(Arm::Bf16));
+        assert_eq!(o.model.weights, kev_decide::WeightForm::Exact);
+        assert_eq!(
+            o.model.source,
+            kev_decide::Source::Release {
+                base: "b".into(),
+                kev: "k".into()
             }
         );
-        assert!(Summary::of(&[]).is_none());
-    }
-
-    #[test]
-    fn speedups_and_bars() {
-        assert_eq!(speedup(5.0, 2.0), Some(2.5));
-        assert_eq!(speedup(5.0, 0.0), None);
-        assert_eq!(speedup(f64::NAN, 1.0), None);
-        assert_eq!(speedup(-1.0, 1.0), None);
-        let b = Bar::at_least("x", 2.0, 2.0);
-        assert!(b.met && b.op == ">=");
-        assert!(!Bar::at_least("x", 1.99, 2.0).met);
-        assert!(Bar::at_most("y", 0.5, 0.5).met);
-        assert!(!Bar::at_most("y", 0.51, 0.5).met);
-    }
-
-    #[test]
-    fn peer_choices() {
-        let all = PeerChoice::parse("all").unwrap();
-        assert!(all.torch && all.llama && all.any());
-        let none = PeerChoice::parse("none").unwrap();
-        assert!(!none.any());
-        assert_eq!(
-            PeerChoice::parse("torch,llama").unwrap(),
-            PeerChoice::parse("all").unwrap()
-        );
-        let t = PeerChoice::parse("torch").unwrap();
-        assert!(t.torch && !t.llama);
-        assert!(PeerChoice::parse("vllm").is_err());
-    }
-
-    #[test]
-    fn utc_dates() {
-        assert_eq!(utc_string(0), "1970-01-01 00:00");
-        // 2000-02-29 12:34 UTC
-        assert_eq!(utc_string(951_827_640), "2000-02-29 12:34");
-        assert_eq!(utc_string(1_767_225_599), "2025-12-31 23:59");
-    }
-
-    #[test]
-    fn seconds_format() {
-        assert_eq!(secs(0.0123), "0.012");
-        assert_eq!(secs(12.345), "12.35");
-        assert_eq!(secs(123.45), "123.5");
-        assert_eq!(times(Some(2.0)), "2.00×");
-        assert_eq!(times(None), "–");
     }
 }

@@ -1,19 +1,11 @@
-//! `kev synth`: write a random-weight release in the published layout, for benchmarks and demos.
-//! The writing streams (one chunk in memory), so the 8.4 GB 4B-shaped release (or the 1.5 GB 0.8B-shaped one)
-//! needs no more RAM than a few megabytes; see `kev_engine::synth` for the layout and the value distributions.
-//!
-//! `kev/` holds what a decision needs besides the base: the adapter, the Kev tokenizer (copied: the real
-//! vocabulary) and a random pointer head in the prepared form (`head.safetensors` + `kev_head.json`). So
-//! `kev bench decide --base DIR/base --kev DIR/kev` runs on it as it is; `head.pt` (a torch pickle, needed by
-//! `kev decide --base/--kev` and `kev prepare`) is written from the same tensors by `tools/bench/head_pt.py`.
+//! `kev synth`: the flags; the writing is kev-bench's (`kev_bench::synth`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
-use anyhow::Context;
-use kev_engine::Qwen35Config;
-use kev_engine::synth::{SynthOptions, tiny_config, write_decision_files, write_release};
+use kev_bench::synth::Shape;
+
+use crate::model_args::LibraryEnum;
 
 /// Flags of `kev synth`.
 #[derive(clap::Args)]
@@ -27,8 +19,8 @@ pub struct Args {
     /// Decoder shape: `4b` (Qwen3.5-4B: hidden 2560, 32 layers, vocab 248,320; ≈ 8.4 GB), `0.8b`
     /// (Qwen3.5-0.8B: hidden 1024, 24 layers, 8/2 attention heads, 16/16 DeltaNet heads; ≈ 1.5 GB; head and
     /// adapter name Kev-0.8B's base) or `tiny` (the fixture widths: hidden 16, 8 layers, the real vocabulary).
-    #[arg(long, default_value = "4b", value_parser = ["4b", "0.8b", "tiny"])]
-    config: String,
+    #[arg(long, default_value = "4b", value_parser = LibraryEnum::<Shape>::new())]
+    config: Shape,
     /// Number of safetensors shards in `base/` (an index file is written for more than one).
     #[arg(long, default_value_t = 2)]
     shards: usize,
@@ -47,67 +39,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let config = match args.config.as_str() {
-        "tiny" => tiny_config(248_320),
-        "0.8b" => Qwen35Config::qwen35_0_8b(),
-        _ => Qwen35Config::qwen35_4b(),
-    };
-    let tokenizer = match &args.tokenizer {
-        Some(path) => path.clone(),
-        None => default_tokenizer(),
-    };
-    if !args.no_adapter && !tokenizer.is_file() {
-        anyhow::bail!(
-            "the Kev tokenizer is not at {} (pass --tokenizer FILE)",
-            tokenizer.display()
-        );
-    }
-    let t = Instant::now();
-    let base = args.out.join("base");
-    let mut v = if args.skip_base {
-        check_base(&base, &config)?;
-        let kev = args.out.join("kev");
-        kev_engine::synth::write_adapter(&kev, &config, args.seed)
-            .with_context(|| format!("writing {}", kev.display()))?;
-        serde_json::json!({"base": base, "kev": kev, "base_kept": true})
-    } else {
-        let report = write_release(
-            &args.out,
-            &SynthOptions {
-                config: config.clone(),
-                seed: args.seed,
-                shards: args.shards,
-                adapter: !args.no_adapter,
-                f32_weights: false,
-            },
-        )
-        .with_context(|| format!("writing {}", args.out.display()))?;
-        serde_json::to_value(&report)?
-    };
-    if !args.no_adapter {
-        let kev = args.out.join("kev");
-        let files = write_decision_files(&kev, &tokenizer, &config, args.seed)
-            .with_context(|| format!("writing the decision files into {}", kev.display()))?;
-        v["decision_files"] = serde_json::to_value(&files)?;
-    }
-    v["seconds"] = serde_json::json!((t.elapsed().as_secs_f64() * 10.0).round() / 10.0);
-    println!("{}", serde_json::to_string_pretty(&v)?);
+    let report = kev_bench::synth::run(&kev_bench::synth::Options {
+        out: args.out,
+        seed: args.seed,
+        shape: args.config,
+        shards: args.shards,
+        no_adapter: args.no_adapter,
+        skip_base: args.skip_base,
+        tokenizer: args.tokenizer,
+    })?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(ExitCode::SUCCESS)
-}
-
-/// The Kev tokenizer bundled with the fixtures of this source tree.
-fn default_tokenizer() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/kev/tokenizer.json")
-}
-
-/// `--skip-base` must not pair new `kev/` files with a base of another shape.
-fn check_base(base: &Path, config: &Qwen35Config) -> anyhow::Result<()> {
-    let found = Qwen35Config::from_dir(base)
-        .with_context(|| format!("--skip-base: reading {}", base.display()))?;
-    anyhow::ensure!(
-        &found == config,
-        "--skip-base: {} holds another decoder shape than --config asks for",
-        base.display()
-    );
-    Ok(())
 }

@@ -287,7 +287,7 @@ fn env_or(name: &str, default: &str) -> String {
 }
 
 /// Every peer for real, on a release, through this API:
-/// `KEV_PEERS_BASE=DIR KEV_PEERS_KEV=DIR [KEV_BENCH_PYTHON=…] cargo test -p kev -- --ignored real_peers --nocapture`.
+/// `KEV_PEERS_BASE=DIR KEV_PEERS_KEV=DIR [KEV_BENCH_PYTHON=…] cargo test -p kev-bench -- --ignored real_peers --nocapture`.
 /// `KEV_PEERS_TOKENS` (default 94,380,1518), `KEV_PEERS_RUNS` (default 2), `KEV_PEERS_ONLY` (a subset of
 /// `torch-fp32,torch-bf16,llama,decide`; `decide` needs `KEV_PEERS_KEV`). Prints one line per timing.
 #[test]

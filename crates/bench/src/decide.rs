@@ -15,13 +15,12 @@
 //! The backbone is loaded once and shared by every service (an `Arc`), then dropped before torch starts.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use kev_decide::head::PointerHead;
-use kev_decide::{Kev, Settings};
+use kev_decide::{Kev, Settings, Source};
 use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::{Arm, Backbone, CpuBackend, Kernels};
 use kev_release::head::{HEAD_JSON, KevHead, PreparedHead};
@@ -31,47 +30,76 @@ use serde::Serialize;
 use super::peers::{self, DecideRun, TorchDtype};
 use super::requests::{self, CaseRequest, Shape};
 use super::{
-    Bar, GIB, Machine, PeerChoice, PeerMissing, PeerSetup, Summary, peer_env, print_bars,
-    reset_peak_rss, rss_gib, secs, speedup, times, write_json,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Summary, peer_env,
+    print_bars, reset_peak_rss, rss_gib, secs, speedup, times, write_json,
 };
-use crate::loading::default_cache_bytes;
-use crate::model_args::ModelArgs;
+use kev_decide::load::default_cache_bytes;
 
-/// Flags of `kev bench decide`.
-#[derive(clap::Args)]
-pub(super) struct DecideArgs {
-    #[command(flatten)]
-    model: ModelArgs,
-    /// Cases to run, comma-separated (default: all): 1q-94, 1q-380, 1q-1518, 1q-1802, 5q-137, 8q-137, 4q-1477,
-    /// 5q-137-cached.
-    #[arg(long, value_delimiter = ',')]
-    cases: Vec<String>,
-    /// Compute arms (default: both; `--precision` picks one).
-    #[arg(long, value_delimiter = ',', value_parser = ["fp32", "bf16", "int8"])]
-    arms: Vec<String>,
+/// What `kev bench decide` measures (its flags, parsed).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The model.
+    pub model: Model,
+    /// Cases to run (empty: all).
+    pub cases: Vec<Case>,
+    /// The one compute arm `--precision` asks for, if any (it overrides `arms`).
+    pub precision: Option<Arm>,
+    /// Compute arms (empty: fp32 and bf16).
+    pub arms: Vec<Arm>,
     /// Timed runs per (case, arm, mode); the median is reported.
-    #[arg(long, default_value_t = 3)]
-    reps: usize,
+    pub reps: usize,
     /// Untimed runs before the timed ones (a cached case always gets at least one: it fills the cache).
-    #[arg(long, default_value_t = 1)]
-    warmup: usize,
-    /// Peers: `none` or `torch` (the author's row form, float32, on 1q-94 and 5q-137; needs --base/--kev).
-    #[arg(long, default_value = "torch")]
-    peers: String,
-    /// Timed runs of the torch reference per request (default: --reps), after one warm-up pass.
-    #[arg(long)]
-    peer_reps: Option<usize>,
+    pub warmup: usize,
+    /// Peers: `none` or `torch` (the author's row form, float32, on 1q-94 and 5q-137; needs the release form).
+    pub peers: Vec<PeerName>,
+    /// Timed runs of the torch reference per request (default: `reps`), after one warm-up pass.
+    pub peer_reps: Option<usize>,
     /// Largest number of tokens one forward pass takes (as `kev serve --pass-tokens`).
-    #[arg(long, default_value_t = 4096)]
-    pass_tokens: usize,
-    /// Shared and cached modes snapshot the state at its end rather than at its last multiple of 64 tokens
-    /// (as `kev serve --unaligned-state`: fewer tokens per question, equal to from-zero rows only to fp32
-    /// rounding).
-    #[arg(long)]
-    unaligned_state: bool,
+    pub pass_tokens: usize,
+    /// Snapshot the state at its end rather than at its last multiple of 64 tokens.
+    pub unaligned_state: bool,
     /// Write the JSON report to this file (else it is printed after the tables).
-    #[arg(long)]
-    json: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+}
+
+/// One of the timing cases, by name (`1q-94`, `5q-137-cached`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case(usize);
+
+impl Case {
+    /// Every case, in the order they run.
+    pub const ALL: [Case; 8] = [
+        Case(0),
+        Case(1),
+        Case(2),
+        Case(3),
+        Case(4),
+        Case(5),
+        Case(6),
+        Case(7),
+    ];
+
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        CASES[self.0].name
+    }
+
+    fn def(self) -> &'static CaseDef {
+        &CASES[self.0]
+    }
+}
+
+impl std::str::FromStr for Case {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Case::ALL
+            .into_iter()
+            .find(|c| c.name() == s.trim())
+            .ok_or_else(|| {
+                let names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
+                format!("unknown case `{s}` ({})", names.join(", "))
+            })
+    }
 }
 
 /// How a case's request is run.
@@ -311,38 +339,34 @@ struct Loaded {
     load_s: f64,
 }
 
-fn load(m: &ModelArgs) -> anyhow::Result<Loaded> {
-    anyhow::ensure!(
-        m.device == "cpu",
-        "--device {}: this build runs on the CPU only",
-        m.device
-    );
+/// The backbone once (shared by every service of the run), the head and the tokenizer's path: from a prepared
+/// directory, or from the release form, whose `kev/` may hold `head.pt` or the prepared head `kev synth` writes.
+fn load(m: &Model) -> anyhow::Result<Loaded> {
     let (dir, mut opts) = m.backbone_source()?;
     opts.kernels = Some(Kernels::detect());
-    let (head, head_from, tokenizer) = match (&m.model, &m.kev) {
-        (Some(d), _) => (
+    let (head, head_from, tokenizer) = match &m.source {
+        Source::Prepared(d) => (
             PreparedHead::read(d)?.head,
             d.join(kev_release::head::HEAD_SAFETENSORS),
             d.join("tokenizer.json"),
         ),
-        (None, Some(k)) if k.join("head.pt").is_file() => (
+        Source::Release { kev: k, .. } if k.join("head.pt").is_file() => (
             KevHead::read_pt(&k.join("head.pt"))?,
             k.join("head.pt"),
             k.join("tokenizer.json"),
         ),
         // `kev synth` writes the head in the prepared form only.
-        (None, Some(k)) if k.join(HEAD_JSON).is_file() => (
+        Source::Release { kev: k, .. } if k.join(HEAD_JSON).is_file() => (
             PreparedHead::read(k)?.head,
             k.join(kev_release::head::HEAD_SAFETENSORS),
             k.join("tokenizer.json"),
         ),
-        (None, Some(k)) => anyhow::bail!(
+        Source::Release { kev: k, .. } => anyhow::bail!(
             "{} has neither head.pt nor {HEAD_JSON}: add the decision files with `kev synth --skip-base --out {}`",
             k.display(),
             k.parent()
                 .map_or_else(|| ".".into(), |p| p.display().to_string())
         ),
-        _ => anyhow::bail!("pass --model DIR, or --base DIR --kev DIR"),
     };
     let t = Instant::now();
     let backbone =
@@ -393,22 +417,15 @@ struct Selected {
     request: CaseRequest,
 }
 
-pub(super) fn run(a: DecideArgs) -> anyhow::Result<ExitCode> {
-    let arms = super::arms(a.model.arm(), &a.arms)?;
+/// Run the benchmark: print its tables and write its JSON.
+pub fn run(a: Options) -> anyhow::Result<()> {
+    let arms = super::arms(a.precision, &a.arms);
     let wanted: Vec<&'static CaseDef> = if a.cases.is_empty() {
         CASES.iter().collect()
     } else {
-        a.cases
-            .iter()
-            .map(|n| {
-                CASES.iter().find(|c| c.name == n.trim()).ok_or_else(|| {
-                    let names: Vec<&str> = CASES.iter().map(|c| c.name).collect();
-                    anyhow::anyhow!("--cases: unknown case `{n}` ({})", names.join(", "))
-                })
-            })
-            .collect::<anyhow::Result<_>>()?
+        a.cases.iter().map(|c| c.def()).collect()
     };
-    let choice = PeerChoice::parse(&a.peers)?;
+    let choice = PeerChoice::of(&a.peers);
     let kern = Kernels::detect();
     let mut machine = Machine::now(kern.isa().name().to_string());
 
@@ -470,8 +487,8 @@ pub(super) fn run(a: DecideArgs) -> anyhow::Result<ExitCode> {
     let mut missing = Vec::new();
     let torch_cases: Vec<&Selected> = selected.iter().filter(|s| s.def.torch).collect();
     let torch = if choice.torch && !torch_cases.is_empty() {
-        match (&a.model.base, &a.model.kev) {
-            (Some(base), Some(kev_dir)) => {
+        match &a.model.source {
+            Source::Release { base, kev: kev_dir } => {
                 eprintln!(
                     "our model dropped (RSS {:.2} GiB); running the torch reference",
                     rss_before_peers.unwrap_or(f64::NAN)
@@ -547,7 +564,7 @@ pub(super) fn run(a: DecideArgs) -> anyhow::Result<ExitCode> {
     };
     print_table(&report);
     write_json(&report, a.json.as_deref())?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn time_case(
