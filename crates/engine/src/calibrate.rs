@@ -89,7 +89,7 @@ pub struct Int8Plan {
 /// (`crates/decide/tests/int8_dev.rs` measures every candidate; engine README, "int8 arm"): one projection
 /// int8 at a time, every other fp32, only layer 0's GDN `in_proj` and `out_proj` moved p off the fp32 floor
 /// (rms |Δp| 0.0017 and 0.0011 alone, all fourteen others 0.0003 = the floor); keeping those two in BF16
-/// took plain W8A8 from max |Δp| 0.0138 / mean 0.00105 to 0.0047 / 0.00033 (the merged-bf16 arm: 0.0036 /
+/// took plain W8A8 from max |Δp| 0.0138 / mean 0.0011 to 0.0047 / 0.00033 (the merged-bf16 arm: 0.0036 /
 /// 0.00029). Size bound: the first layer's mixer projections are 1.2 % of Kev-4B's projection weights
 /// (42 M of 3,569 M), so the int8 arm keeps its speed-up. Smoothing, clip search and fp32 GDN gates were
 /// measured and not taken (no gain, or worse).
