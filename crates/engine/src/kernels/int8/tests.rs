@@ -1,0 +1,286 @@
+use super::*;
+
+fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+}
+
+/// The int8 arm from its definition: quantise rows and weights, integer dot products, dequantise.
+fn naive(m: usize, a: &[f32], lda: usize, w: &PackedInt8) -> Vec<f32> {
+    let (n, k) = (w.n(), w.k());
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        let mut q = vec![0u8; k];
+        let s = quantize_row(&a[i * lda..i * lda + k], w.unsmooth(), &mut q, false);
+        for j in 0..n {
+            let v: i64 = (0..k).map(|c| q[c] as i8 as i64 * w.q(j, c) as i64).sum();
+            out[i * n + j] = (v as i32 as f32 * w.scale(j)) * s;
+        }
+    }
+    out
+}
+
+fn paths() -> Vec<(Kernels, Path)> {
+    let v: Vec<(Kernels, Path)> = Kernels::available()
+        .into_iter()
+        .map(|k| (k, Path::of(k)))
+        .collect();
+    // The SIMD paths this CPU has must be among those tested.
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") {
+            assert!(v.iter().any(|(_, p)| *p == Path::Avx2));
+        }
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+            assert!(v.iter().any(|(_, p)| *p == Path::Vnni512));
+        }
+    }
+    v
+}
+
+#[test]
+fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
+    let shapes = [
+        (1, 1, 1),
+        (5, 63, 7),
+        (7, 65, 129),
+        (13, 130, 300),
+        (6, 64, 256),
+        (20, 200, 515),
+        (3, 70, 1030),
+    ];
+    for (kern, path) in paths() {
+        for &(m, n, k) in &shapes {
+            let mut seed = (m * 1000 + n * 10 + k) as u64;
+            let lda = k + 3;
+            let a: Vec<f32> = (0..m * lda).map(|_| lcg(&mut seed) * 4.0).collect();
+            let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+            let w = PackedInt8::from_f32(n, k, &wv);
+            let want = naive(m, &a, lda, &w);
+            let ldc = n + 5;
+            let mut c = vec![f32::NAN; m * ldc];
+            gemm_int8(kern, m, &a, lda, &w, &mut c, ldc);
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        c[i * ldc + j].to_bits(),
+                        want[i * n + j].to_bits(),
+                        "{kern:?} {path:?} {m}×{n}×{k} [{i},{j}]"
+                    );
+                }
+                assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.is_nan()));
+            }
+        }
+    }
+}
+
+/// Every quantised value at ±127 (the largest products): any saturation in `vpmaddubsw` or
+/// overflow would show against the i64 definition.
+#[test]
+fn extreme_values_do_not_saturate() {
+    let (m, n, k) = (7, 66, 1027);
+    let mut seed = 5u64;
+    let a: Vec<f32> = (0..m * k)
+        .map(|_| if lcg(&mut seed) < 0.0 { -2.0 } else { 2.0 })
+        .collect();
+    // Rows of one sign, and rows of random signs.
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| {
+            let negative = match (i / k) % 3 {
+                0 => false,
+                1 => true,
+                _ => lcg(&mut seed) < 0.0,
+            };
+            if negative { -0.5 } else { 0.5 }
+        })
+        .collect();
+    let w = PackedInt8::from_f32(n, k, &wv);
+    assert!((0..n).all(|j| (0..k).all(|c| w.q(j, c).unsigned_abs() == 127)));
+    let want = naive(m, &a, k, &w);
+    for (kern, path) in paths() {
+        let mut c = vec![0f32; m * n];
+        gemm_int8(kern, m, &a, k, &w, &mut c, n);
+        assert_eq!(
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{kern:?} {path:?}"
+        );
+    }
+}
+
+#[test]
+fn rows_do_not_depend_on_their_batch() {
+    let (m, n, k) = (29, 130, 300);
+    let mut seed = 99;
+    let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+    let w = PackedInt8::from_f32(n, k, &wv);
+    for (kern, path) in paths() {
+        let mut all = vec![0f32; m * n];
+        gemm_int8(kern, m, &a, k, &w, &mut all, n);
+        for start in [0, 1, 5, 17] {
+            for len in [1, 2, 4, 6, 7] {
+                if start + len > m {
+                    continue;
+                }
+                let mut part = vec![0f32; len * n];
+                gemm_int8(kern, len, &a[start * k..], k, &w, &mut part, n);
+                assert_eq!(
+                    &part[..],
+                    &all[start * n..(start + len) * n],
+                    "{kern:?} {path:?} {start}+{len}"
+                );
+            }
+        }
+    }
+}
+
+/// The arm approximates the f32 product within the quantisation error (a scale mistake or a
+/// transposed layout would be off by far more).
+#[test]
+fn close_to_the_f32_product() {
+    let (m, n, k) = (9, 100, 640);
+    let mut seed = 7;
+    let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+    let w = PackedInt8::from_f32(n, k, &wv);
+    let mut c = vec![0f32; m * n];
+    gemm_int8(Kernels::detect(), m, &a, k, &w, &mut c, n);
+    let (mut num, mut den) = (0f64, 0f64);
+    for i in 0..m {
+        for j in 0..n {
+            let e: f64 = (0..k)
+                .map(|c| a[i * k + c] as f64 * wv[j * k + c] as f64)
+                .sum();
+            num += (c[i * n + j] as f64 - e).powi(2);
+            den += e * e;
+        }
+    }
+    let rel = (num / den).sqrt();
+    // Uniform values: each side's rounding error is ~1/(127·√12) of its range → ≈ 1 % combined.
+    assert!(rel < 0.02, "relative error {rel}");
+    assert!(rel > 1e-4, "int8 cannot be this exact: {rel}");
+}
+
+/// Smoothed weights: every path still bit-equal to the definition, and on activations with outlier
+/// channels (the case smoothing exists for) the error against the f32 product drops.
+#[test]
+fn smoothing_is_bit_equal_on_every_path_and_tames_outlier_channels() {
+    let (m, n, k) = (11, 70, 130);
+    let mut seed = 3;
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| lcg(&mut seed) * if i % k % 17 == 3 { 60.0 } else { 1.0 })
+        .collect();
+    let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+    let act: Vec<f32> = (0..k)
+        .map(|c| (0..m).fold(0f32, |mx, i| mx.max(a[i * k + c].abs())))
+        .collect();
+    let wmax: Vec<f32> = (0..k)
+        .map(|c| (0..n).fold(0f32, |mx, j| mx.max(wv[j * k + c].abs())))
+        .collect();
+    let f = smoothing_factors(&act, &wmax, 0.5);
+    let plain = PackedInt8::from_f32(n, k, &wv);
+    let smooth = PackedInt8::from_rows_smoothed(
+        n,
+        k,
+        |r, o| o.copy_from_slice(&wv[r * k..(r + 1) * k]),
+        Some(&f),
+    );
+    let want = naive(m, &a, k, &smooth);
+    let rel = |c: &[f32]| {
+        let (mut num, mut den) = (0f64, 0f64);
+        for i in 0..m {
+            for j in 0..n {
+                let e: f64 = (0..k)
+                    .map(|t| a[i * k + t] as f64 * wv[j * k + t] as f64)
+                    .sum();
+                num += (c[i * n + j] as f64 - e).powi(2);
+                den += e * e;
+            }
+        }
+        (num / den).sqrt()
+    };
+    for (kern, path) in paths() {
+        let mut c = vec![0f32; m * n];
+        gemm_int8(kern, m, &a, k, &smooth, &mut c, n);
+        assert_eq!(
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{kern:?} {path:?}"
+        );
+    }
+    let mut c = vec![0f32; m * n];
+    gemm_int8(Kernels::detect(), m, &a, k, &plain, &mut c, n);
+    let (e_plain, e_smooth) = (rel(&c), rel(&want));
+    assert!(
+        e_smooth < 0.5 * e_plain,
+        "smoothed {e_smooth:.4} vs plain {e_plain:.4}"
+    );
+    assert_eq!(
+        smoothing_factors(&[0.0, 4.0], &[1.0, 0.0], 0.5),
+        vec![1.0, 1.0]
+    );
+    assert_eq!(smoothing_factors(&[4.0], &[1.0], 0.5), vec![2.0]);
+}
+
+/// The clip search never rounds a row worse than `max|w|` does, and every path stays bit-equal to the
+/// definition with the scales it picks.
+#[test]
+fn clip_search_lowers_the_rounding_error_and_stays_bit_equal() {
+    let (m, n, k) = (5, 70, 200);
+    let mut seed = 11;
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| lcg(&mut seed) * if i % k == 7 { 6.0 } else { 1.0 })
+        .collect();
+    let plain = PackedInt8::from_f32(n, k, &wv);
+    let clipped = PackedInt8::from_rows_opts(
+        n,
+        k,
+        |r, o| o.copy_from_slice(&wv[r * k..(r + 1) * k]),
+        None,
+        true,
+    );
+    let sq = |w: &PackedInt8, j: usize| -> f64 {
+        (0..k)
+            .map(|c| (w.get(j, c) as f64 - wv[j * k + c] as f64).powi(2))
+            .sum()
+    };
+    for j in 0..n {
+        assert!(sq(&clipped, j) <= sq(&plain, j), "row {j}");
+        assert!(clipped.scale(j) <= plain.scale(j));
+    }
+    let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let want = naive(m, &a, k, &clipped);
+    for (kern, path) in paths() {
+        let mut c = vec![0f32; m * n];
+        gemm_int8(kern, m, &a, k, &clipped, &mut c, n);
+        assert_eq!(
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{kern:?} {path:?}"
+        );
+    }
+}
+
+#[test]
+fn packing_round_trips_the_quantised_values() {
+    let (n, k) = (70, 9);
+    let wv: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let w = PackedInt8::from_f32(n, k, &wv);
+    for j in 0..n {
+        let amax = wv[j * k..(j + 1) * k]
+            .iter()
+            .fold(0f32, |m, x| m.max(x.abs()));
+        assert_eq!(w.scale(j), amax / 127.0);
+        for c in 0..k {
+            assert!((w.get(j, c) - wv[j * k + c]).abs() <= w.scale(j) / 2.0 * 1.0001);
+        }
+    }
+    let zero = PackedInt8::from_f32(3, 5, &[0.0; 15]);
+    let mut out = vec![f32::NAN; 3];
+    gemm_int8(Kernels::portable(), 1, &[1.0; 5], 5, &zero, &mut out, 3);
+    assert_eq!(out, vec![0.0; 3]);
+}
