@@ -4,41 +4,11 @@
 //! the figures that chose it are in the engine README ("int8 arm"). Run with
 //! `cargo test -p kev-decide --test int8_dev -- --ignored --nocapture`.
 
-use std::path::PathBuf;
+mod support;
 
-use kev_decide::{Kev, LoadSpec, Settings, Source, WeightForm, load_cpu, load_cpu_int8};
+use kev_decide::{Kev, WeightForm, load_cpu, load_cpu_int8};
 use kev_engine::{Arm, CpuBackend, Int8Plan, ProjectionKind, SmoothScope};
-use serde_json::Value;
-
-fn mini() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
-}
-
-fn dev_bodies() -> Vec<Vec<u8>> {
-    std::fs::read_to_string(mini().join("data/dev.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            serde_json::to_vec(&v["request"]).unwrap()
-        })
-        .collect()
-}
-
-fn spec(form: WeightForm, arm: Option<Arm>) -> LoadSpec {
-    LoadSpec {
-        source: Source::Release {
-            base: mini().join("base"),
-            kev: mini().join("kev"),
-        },
-        form,
-        arm,
-        settings: Settings {
-            cache_bytes: 64 << 20,
-            ..Settings::default()
-        },
-    }
-}
+use support::{argmax, dev_bodies, spec};
 
 type Probs = Vec<Vec<Vec<f64>>>;
 
@@ -57,16 +27,6 @@ fn run_all(kev: &Kev<CpuBackend>, bodies: &[Vec<u8>]) -> Probs {
                 .collect()
         })
         .collect()
-}
-
-fn argmax(v: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// max |Δp|, mean of per-question mean |Δp|, flips where the yardstick margin > 0.02, questions checked,

@@ -8,16 +8,14 @@
 //! reference margin exceeds 0.02); accuracy equal to the reference arm's and far above chance; and the
 //! README's own example answered sensibly, read from the README itself.
 
-use std::path::PathBuf;
+mod support;
+
 use std::sync::OnceLock;
 
-use kev_decide::{Kev, LoadSpec, Settings, Source, WeightForm, load_cpu, load_cpu_int8};
+use kev_decide::{Kev, WeightForm, load_cpu, load_cpu_int8};
 use kev_engine::{Arm, CpuBackend, Int8Plan};
 use serde_json::Value;
-
-fn mini() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
-}
+use support::{argmax, dev_bodies, mini, spec};
 
 /// One expected record of `expected/test.jsonl` (fixtures/README.md).
 struct Case {
@@ -48,21 +46,6 @@ fn cases() -> &'static [Case] {
         );
         out
     })
-}
-
-fn spec(form: WeightForm, arm: Option<Arm>) -> LoadSpec {
-    LoadSpec {
-        source: Source::Release {
-            base: mini().join("base"),
-            kev: mini().join("kev"),
-        },
-        form,
-        arm,
-        settings: Settings {
-            cache_bytes: 64 << 20,
-            ..Settings::default()
-        },
-    }
 }
 
 fn load(form: WeightForm, arm: Option<Arm>) -> Kev<CpuBackend> {
@@ -101,16 +84,6 @@ fn arm_of(c: &Case, arm: &str) -> Vec<Vec<f64>> {
                 .collect()
         })
         .collect()
-}
-
-fn argmax(v: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Distances of `got` from the reference arm over every test question.
@@ -229,18 +202,6 @@ fn bf16_compute_and_merged_bf16_meet_the_real_bar() {
             g.flips
         );
     }
-}
-
-/// The dev split's request bodies: the int8 arm's calibration rows (never the test split).
-fn dev_bodies() -> Vec<Vec<u8>> {
-    std::fs::read_to_string(mini().join("data/dev.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            serde_json::to_vec(&v["request"]).unwrap()
-        })
-        .collect()
 }
 
 /// The int8 arm as `--precision int8` loads the merged weights: the rule fixed on the dev split before the

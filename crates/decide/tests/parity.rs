@@ -2,12 +2,15 @@
 //! parity of every arm, shared state vs rows from zero, the prepared-state cache, reruns, invariance to
 //! question ids/order/neighbours, and a wrong model that must fail the bar.
 
+mod support;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kev_decide::{Kev, LoadSpec, Settings, Source, WeightForm, load_cpu};
 use kev_engine::{Arm, CpuBackend};
 use serde_json::Value;
+use support::argmax;
 
 fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
@@ -287,16 +290,6 @@ fn bf16_is_no_further_from_the_reference_than_torch_bf16() {
             );
         }
     }
-}
-
-fn argmax(v: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 #[test]
