@@ -178,7 +178,8 @@ pub fn default_cache_bytes() -> usize {
 
 /// The compute arm a CPU gets by default: bf16 with native BF16 dot products, else fp32.
 pub fn default_arm() -> Arm {
-    if Kernels::detect().isa() == kev_engine::kernels::Isa::Avx512Bf16 {
+    use kev_engine::kernels::Isa;
+    if matches!(Kernels::detect().isa(), Isa::Avx512Bf16 | Isa::Amx) {
         Arm::Bf16
     } else {
         Arm::Fp32

@@ -316,7 +316,7 @@ fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], buf
         }
         match kern.isa() {
             // SAFETY: the kernels' instruction set is one this CPU has.
-            Isa::Avx512 | Isa::Avx512Bf16 => {
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
                 return unsafe { zmm(kern, head, s, o, bufs) };
             }
             // SAFETY: as above.

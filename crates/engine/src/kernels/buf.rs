@@ -12,6 +12,8 @@ use std::ptr::NonNull;
 /// Implementors must be plain data whose all-zero bit pattern is a valid value.
 pub unsafe trait Zeroable: Copy {}
 // SAFETY: integers and floats are valid when zeroed.
+unsafe impl Zeroable for u8 {}
+// SAFETY: as above.
 unsafe impl Zeroable for u16 {}
 // SAFETY: as above.
 unsafe impl Zeroable for u32 {}

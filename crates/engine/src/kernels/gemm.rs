@@ -105,6 +105,25 @@ pub fn gemm(run: Run, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>) {
         return;
     }
     let bf16_hw = arm == Arm::Bf16 && kern.avx512bf16() && w.is_bf16();
+    #[cfg(target_arch = "x86_64")]
+    if bf16_hw && kern.amx() {
+        SCRATCH_U32.with(|s| {
+            let mut buf = std::mem::take(&mut *s.borrow_mut());
+            gemm_bf16_amx(
+                kern,
+                Rows {
+                    m,
+                    data: a,
+                    ld: lda,
+                },
+                w,
+                RowsMut { data: c, ld: ldc },
+                &mut buf,
+            );
+            *s.borrow_mut() = buf;
+        });
+        return;
+    }
     if bf16_hw {
         SCRATCH_U32.with(|s| {
             let mut buf = std::mem::take(&mut *s.borrow_mut());
@@ -370,6 +389,98 @@ fn gemm_bf16_hw(kern: Kernels, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>, ab
     });
 }
 
+/// The bf16 arm on AMX tiles: activations rounded to bf16 pairs as for `vdpbf16ps`, in rows padded with
+/// zeros to whole tile blocks (32 rows, 16 pairs), then per panel and per 32-row block two half-panel
+/// tile products over all inputs (see [`super::amx`]), stored to a small buffer and copied into C.
+#[cfg(target_arch = "x86_64")]
+fn gemm_bf16_amx(
+    kern: Kernels,
+    a: Rows<'_>,
+    w: &PackedMatrix,
+    c: RowsMut<'_>,
+    abuf: &mut Vec<u32>,
+) {
+    use super::amx::{self, Block, Product, ROWS, STEP, Tiles};
+    let Rows {
+        m,
+        data: a,
+        ld: lda,
+    } = a;
+    let RowsMut { data: c, ld: ldc } = c;
+    let (n, k, kp) = (w.n(), w.k(), w.kp());
+    let Store::Bf16(d) = w.store() else {
+        unreachable!("bf16 path is only taken for bf16 storage")
+    };
+    let steps = kp.div_ceil(STEP);
+    let tail = kp % STEP;
+    // One cache line past the padded pairs, so no row stride is a multiple of 4 KiB.
+    let lpa = steps * STEP + 16;
+    let mpad = m.div_ceil(ROWS) * ROWS;
+    abuf.clear();
+    abuf.resize(mpad * lpa, 0);
+    abuf[..m * lpa]
+        .par_chunks_mut(lpa)
+        .enumerate()
+        .for_each(|(i, row)| {
+            round_pairs(kern, &a[i * lda..i * lda + k], &mut row[..kp]);
+        });
+    let cp = SendPtr(c.as_mut_ptr());
+    let abase = abuf.as_ptr() as usize;
+    let panel_bytes = kp * NR * 2 * 2;
+    (0..w.panels()).into_par_iter().for_each_init(
+        || {
+            (
+                AlignedBuf::<f32>::zeroed(ROWS * NR),
+                AlignedBuf::<u8>::zeroed(STEP * NR * 4),
+            )
+        },
+        |(cbuf, tbuf), p| {
+            let ncols = (n - p * NR).min(NR);
+            let panel = &as_bytes(&d[..])[p * panel_bytes..(p + 1) * panel_bytes];
+            let b_tail = (tail != 0).then(|| {
+                let t: &mut [u8; STEP * NR * 4] = (&mut tbuf[..]).try_into().expect("tail size");
+                amx::tail_copy(&panel[(kp - tail) * NR * 4..], t);
+                tbuf.as_ptr()
+            });
+            // SAFETY: `Kernels::amx` is only true where `amx::available()` said so.
+            let _tiles = unsafe { Tiles::configure() };
+            let mut r0 = 0;
+            while r0 < m {
+                for h in 0..2 {
+                    if h * 32 >= ncols {
+                        break;
+                    }
+                    // SAFETY: rows r0..r0+32 of the padded activations hold `steps · 16` pairs each;
+                    // the panel holds `kp` rows of 256 bytes and the last, partial step reads the
+                    // padded tail copy instead; the block writes 32 rows of 32 f32 into `cbuf`.
+                    unsafe {
+                        amx::block(
+                            Product::Bf16,
+                            Block {
+                                a: (abase as *const u8).add(r0 * lpa * 4),
+                                lda: lpa * 4,
+                                b: panel.as_ptr().add(h * 128),
+                                b_tail: b_tail.map(|t| t.add(h * 128)),
+                                steps,
+                                c: (cbuf.as_mut_ptr() as *mut u8).add(h * 128),
+                                ldc: NR * 4,
+                            },
+                        )
+                    };
+                }
+                for r in 0..(m - r0).min(ROWS) {
+                    // SAFETY: panel `p` owns columns p·NR..p·NR+ncols of every row; rows < m.
+                    let crow = unsafe {
+                        std::slice::from_raw_parts_mut(cp.get().add((r0 + r) * ldc + p * NR), ncols)
+                    };
+                    crow.copy_from_slice(&cbuf[r * NR..r * NR + ncols]);
+                }
+                r0 += ROWS;
+            }
+        },
+    );
+}
+
 /// The bytes of a slice, for prefetch hints.
 fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
     // SAFETY: any initialised memory may be viewed as bytes; the length covers exactly the slice.
@@ -579,6 +690,8 @@ mod tests {
             (13, 130, 300),
             (6, 64, 256),
             (20, 200, 515),
+            // Several 32-row tile blocks (AMX), a partial last one.
+            (70, 100, 90),
         ];
         for kern in all_kernels() {
             for &(m, n, k) in &shapes {

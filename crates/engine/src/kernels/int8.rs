@@ -386,6 +386,9 @@ pub(crate) enum Path {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Vnni512,
+    /// AMX `tdpbssd` (s8 × s8) on tiles of 32 rows × 32 outputs × 64 inputs.
+    #[cfg(target_arch = "x86_64")]
+    Amx,
 }
 
 impl Path {
@@ -394,6 +397,7 @@ impl Path {
         {
             use std::arch::is_x86_feature_detected as has;
             match kern.isa() {
+                Isa::Amx => return Path::Amx,
                 Isa::Avx512 | Isa::Avx512Bf16
                     if has!("avx512vnni") && has!("avx512bw") && has!("avx512f") =>
                 {
@@ -413,6 +417,15 @@ impl Path {
             return true;
         }
         false
+    }
+
+    /// Tile blocks (rows, groups per step) where the path runs on AMX tiles.
+    fn tile(self) -> Option<(usize, usize)> {
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Amx {
+            return Some((super::amx::ROWS, super::amx::STEP));
+        }
+        None
     }
 
     fn rows(self) -> usize {
@@ -454,13 +467,21 @@ pub fn gemm_int8(
     let path = Path::of(kern);
     SCRATCH.with(|s| {
         let (mut qa, mut sa) = std::mem::take(&mut *s.borrow_mut());
-        // Row stride: whole groups plus one cache line (no 4 KiB-multiple strides).
-        let lq = w.kg * G + 64;
+        // Row stride: whole groups (whole tile steps on AMX) plus one cache line (no 4 KiB-multiple
+        // strides); on AMX the rows are padded with zeros to whole tile blocks too.
+        let (lq, mq) = match path.tile() {
+            Some((rows, groups)) => (
+                w.kg.div_ceil(groups) * groups * G + 64,
+                m.div_ceil(rows) * rows,
+            ),
+            None => (w.kg * G + 64, m),
+        };
         qa.clear();
-        qa.resize(m * lq, if path.shift() { 128 } else { 0 });
+        qa.resize(mq * lq, if path.shift() { 128 } else { 0 });
         sa.clear();
         sa.resize(m, 0.0);
-        qa.par_chunks_mut(lq)
+        qa[..m * lq]
+            .par_chunks_mut(lq)
             .zip(sa.par_iter_mut())
             .enumerate()
             .for_each(|(i, (row, s))| {
@@ -497,13 +518,17 @@ fn run_panels(
 ) {
     let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
     let (n, kg) = (w.n, w.kg);
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Amx {
+        run_panels_amx(kern, rows_in, w, c, ldc);
+        return;
+    }
     let cp = SendPtr(c.as_mut_ptr());
     let mr = path.rows();
     let panels = n.div_ceil(NR);
     (0..panels).into_par_iter().for_each_init(
         || AlignedBuf::<i32>::zeroed(MC * NR),
         |acc, p| {
-            let ncols = (n - p * NR).min(NR);
             let wp = &w.data[p * kg * NR * G..(p + 1) * kg * NR * G];
             let mut mc0 = 0;
             while mc0 < m {
@@ -532,25 +557,142 @@ fn run_panels(
                     }
                     kb += kgc;
                 }
-                // Dequantise: exact integer → f32, times s_w, times s_a (this order everywhere).
-                let shift = path.shift();
-                super::wide(kern, || {
-                    for i in mc0..mc1 {
-                        let ar = &acc[(i - mc0) * NR..(i - mc0) * NR + ncols];
-                        // SAFETY: panel `p` owns columns p·NR..p·NR+ncols of every row; rows < m.
-                        let crow = unsafe {
-                            std::slice::from_raw_parts_mut(cp.get().add(i * ldc + p * NR), ncols)
-                        };
-                        let sc = &w.scale[p * NR..p * NR + ncols];
-                        let ws = &w.wsum[p * NR..p * NR + ncols];
-                        let s = sa[i];
-                        for j in 0..ncols {
-                            let v = if shift { ar[j] - 128 * ws[j] } else { ar[j] };
-                            crow[j] = (v as f32 * sc[j]) * s;
-                        }
-                    }
-                });
+                let out = Dequant {
+                    kern,
+                    w,
+                    p,
+                    scale: sa,
+                    shift: path.shift(),
+                    c: cp,
+                    ldc,
+                };
+                out.rows(&acc[..], mc0..mc1);
                 mc0 = mc1;
+            }
+        },
+    );
+}
+
+/// Writes panel `p`'s columns of C from exact integer sums.
+struct Dequant<'a> {
+    kern: Kernels,
+    w: &'a PackedInt8,
+    p: usize,
+    /// `s_a` of every row of the call.
+    scale: &'a [f32],
+    /// The sums include `128 · Σ q_w` (VNNI's shifted activations).
+    shift: bool,
+    c: SendPtr<f32>,
+    ldc: usize,
+}
+
+impl Dequant<'_> {
+    /// Rows `rows` of C from `acc` (`NR` i32 per row, the first for `rows.start`): exact integer →
+    /// f32, times `s_w`, times `s_a`, in this order on every path.
+    fn rows(&self, acc: &[i32], rows: std::ops::Range<usize>) {
+        let Dequant {
+            kern,
+            w,
+            p,
+            scale,
+            shift,
+            c,
+            ldc,
+        } = *self;
+        let ncols = (w.n - p * NR).min(NR);
+        let sc = &w.scale[p * NR..p * NR + ncols];
+        let ws = &w.wsum[p * NR..p * NR + ncols];
+        let first = rows.start;
+        super::wide(kern, || {
+            for i in rows {
+                let ar = &acc[(i - first) * NR..(i - first) * NR + ncols];
+                // SAFETY: panel `p` owns columns p·NR..p·NR+ncols of every row; rows < m.
+                let crow =
+                    unsafe { std::slice::from_raw_parts_mut(c.get().add(i * ldc + p * NR), ncols) };
+                let s = scale[i];
+                for j in 0..ncols {
+                    let v = if shift { ar[j] - 128 * ws[j] } else { ar[j] };
+                    crow[j] = (v as f32 * sc[j]) * s;
+                }
+            }
+        });
+    }
+}
+
+/// The int8 arm on AMX tiles: per panel and per 32-row block, two half-panel `tdpbssd` products over all
+/// inputs (the quantised rows are padded with zero bytes to whole blocks and steps), then the same
+/// dequantisation as every other path. Signed activations, so no zero-point correction.
+#[cfg(target_arch = "x86_64")]
+fn run_panels_amx(
+    kern: Kernels,
+    rows_in: &QuantisedRows<'_>,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    use super::amx::{self, Block, Product, ROWS, STEP, Tiles};
+    let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
+    let (n, kg) = (w.n, w.kg);
+    let steps = kg.div_ceil(STEP);
+    let tail = kg % STEP;
+    let cp = SendPtr(c.as_mut_ptr());
+    let panel_bytes = kg * NR * G;
+    let wbytes = w.data.as_ptr() as usize;
+    (0..n.div_ceil(NR)).into_par_iter().for_each_init(
+        || {
+            (
+                AlignedBuf::<i32>::zeroed(ROWS * NR),
+                AlignedBuf::<u8>::zeroed(STEP * NR * G),
+            )
+        },
+        |(acc, tbuf), p| {
+            // SAFETY: the packed data holds whole panels of `kg · NR · G` bytes.
+            let panel = unsafe {
+                std::slice::from_raw_parts((wbytes as *const u8).add(p * panel_bytes), panel_bytes)
+            };
+            let b_tail = (tail != 0).then(|| {
+                let t: &mut [u8; STEP * NR * G] = (&mut tbuf[..]).try_into().expect("tail size");
+                amx::tail_copy(&panel[(kg - tail) * NR * G..], t);
+                tbuf.as_ptr()
+            });
+            let out = Dequant {
+                kern,
+                w,
+                p,
+                scale: sa,
+                shift: false,
+                c: cp,
+                ldc,
+            };
+            let ncols = (n - p * NR).min(NR);
+            // SAFETY: `Path::Amx` is only chosen where `amx::available()` said so.
+            let _tiles = unsafe { Tiles::configure() };
+            let mut r0 = 0;
+            while r0 < m {
+                for h in 0..2 {
+                    if h * 32 >= ncols {
+                        break;
+                    }
+                    // SAFETY: rows r0..r0+32 of `qa` exist (padded) with `steps · 64` bytes each; the
+                    // panel holds `kg` rows of 256 bytes and the partial last step reads the padded
+                    // copy; the block writes 32 rows of 32 i32 into `acc`.
+                    unsafe {
+                        amx::block(
+                            Product::Int8,
+                            Block {
+                                a: qa.as_ptr().add(r0 * lq),
+                                lda: lq,
+                                b: panel.as_ptr().add(h * 128),
+                                b_tail: b_tail.map(|t| t.add(h * 128)),
+                                steps,
+                                c: (acc.as_mut_ptr() as *mut u8).add(h * 128),
+                                ldc: NR * 4,
+                            },
+                        )
+                    };
+                }
+                out.rows(&acc[..], r0..(r0 + ROWS).min(m));
+                r0 += ROWS;
             }
         },
     );
@@ -577,6 +719,8 @@ unsafe fn ukr(
             Path::Vnni512 => super::x86_int8::ukr_vnni(kg, a, b, acc, rows, load),
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => super::x86_int8::ukr_avx2(kg, a, b, acc, rows, load),
+            #[cfg(target_arch = "x86_64")]
+            Path::Amx => unreachable!("AMX runs whole tile blocks (run_panels_amx)"),
             Path::Portable => ukr_portable(kg, a, b, acc, rows, load),
         }
     }

@@ -3,7 +3,7 @@
 //!
 //! Every kernel is written once, generic over the [`simd::Simd`] abstraction, and instantiated at run
 //! time for the instruction set a [`Kernels`] value names: AVX-512F (+AVX512_BF16 for the bf16 arm's dot
-//! products), AVX2 + FMA, NEON on aarch64, or plain Rust (the correctness fallback). [`Kernels`] carries
+//! products, +AMX tiles for the bf16 and int8 arms' products), AVX2 + FMA, NEON on aarch64, or plain Rust (the correctness fallback). [`Kernels`] carries
 //! the choice, so tests can run every instruction set on one machine and a model keeps the choice it
 //! was loaded with.
 //!
@@ -12,6 +12,8 @@
 //! that computes them. That is what makes a batched forward bit-equal to rows run one by one. The f32
 //! GEMM and matrix product give the same bits on every instruction set that fuses (AVX2, AVX-512, NEON).
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
 pub mod buf;
 pub mod gemm;
 pub mod int8;
@@ -81,6 +83,9 @@ pub enum Isa {
     Avx512,
     /// AVX-512F plus AVX512_BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`).
     Avx512Bf16,
+    /// AVX512_BF16 plus AMX tiles (Sapphire Rapids and later): the bf16 arm's products on `tdpbf16ps`,
+    /// the int8 arm's on `tdpbssd`; f32 work as AVX-512.
+    Amx,
 }
 
 impl Isa {
@@ -92,16 +97,18 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Amx => "amx",
         }
     }
 
     /// Every instruction set, weakest first.
-    pub const ALL: [Isa; 5] = [
+    pub const ALL: [Isa; 6] = [
         Isa::Portable,
         Isa::Neon,
         Isa::Avx2,
         Isa::Avx512,
         Isa::Avx512Bf16,
+        Isa::Amx,
     ];
 }
 
@@ -115,7 +122,7 @@ impl std::str::FromStr for Isa {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
-            format!("unknown instruction set `{s}` (portable, avx2, avx512, avx512bf16, neon)")
+            format!("unknown instruction set `{s}` (portable, avx2, avx512, avx512bf16, amx, neon)")
         })
     }
 }
@@ -128,7 +135,7 @@ pub struct Kernels {
 
 impl Kernels {
     /// The best kernels this CPU supports, capped by `KEV_ISA` (`portable`, `avx2`, `avx512`,
-    /// `avx512bf16`, `neon`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
+    /// `avx512bf16`, `amx`, `neon`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
     /// the CPU has, or an unknown name, leaves the best choice (and says so in the log).
     pub fn detect() -> Self {
         let best = Self::best_isa();
@@ -160,6 +167,7 @@ impl Kernels {
                 Isa::Avx2 => has!("avx2") && has!("fma"),
                 Isa::Avx512 => has!("avx512f") && has!("avx2") && has!("fma"),
                 Isa::Avx512Bf16 => has!("avx512f") && has!("avx512bf16"),
+                Isa::Amx => has!("avx512f") && has!("avx512bf16") && amx::available(),
             }
         }
         #[cfg(target_arch = "aarch64")]
@@ -201,9 +209,14 @@ impl Kernels {
         self.isa
     }
 
-    /// Native BF16 dot products (the bf16 arm's fast path).
+    /// Native BF16 dot products (`vdpbf16ps` and the bf16 rounding instructions).
     pub(crate) fn avx512bf16(&self) -> bool {
-        self.isa == Isa::Avx512Bf16
+        matches!(self.isa, Isa::Avx512Bf16 | Isa::Amx)
+    }
+
+    /// AMX tiles (the bf16 and int8 arms' products).
+    pub(crate) fn amx(&self) -> bool {
+        self.isa == Isa::Amx
     }
 
     /// Whether the vectors are wider than one lane (the SIMD kernels, not the portable fallback).
@@ -219,7 +232,7 @@ impl Kernels {
 pub(crate) fn wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     match kern.isa() {
-        Isa::Avx512 | Isa::Avx512Bf16 => {
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
             #[target_feature(enable = "avx512f,avx2,fma")]
             unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
                 f()

@@ -1,5 +1,5 @@
 //! Machine peak, measured: f32 FMA throughput of every vector width the CPU has (ymm on AVX2, zmm on
-//! AVX-512, NEON's q registers) and BF16 dot-product throughput, on all cores, with 12 independent
+//! AVX-512, NEON's q registers), BF16 dot-product throughput and, with AMX, the tile products' throughput, on all cores, with 12 independent
 //! accumulator chains per thread (the micro-benchmark of peers-notes Appendix A, in Rust). The bench
 //! reports achieved GFLOP/s as a share of the peak of the instruction set it ran, measured in the same
 //! run.
@@ -20,6 +20,11 @@ pub struct Peak {
     pub fp32_gflops: f64,
     /// BF16 dot products (`vdpbf16ps`), all threads; `None` without AVX512_BF16 in use.
     pub bf16_gflops: Option<f64>,
+    /// AMX BF16 tile products (`tdpbf16ps`), all threads; `None` without AMX in use.
+    pub amx_bf16_gflops: Option<f64>,
+    /// AMX int8 tile products (`tdpbssd`), all threads, in GOP/s (2 per multiply-add); `None` without
+    /// AMX in use.
+    pub amx_int8_gops: Option<f64>,
     /// f32 FMA peak of every SIMD instruction set this CPU has (`avx2` = ymm, `avx512` = zmm, `neon`),
     /// whichever the kernels use.
     pub fp32_by_isa: Vec<(String, f64)>,
@@ -64,7 +69,7 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
         }
     }
     let own = match kern.isa() {
-        Isa::Avx512Bf16 => Isa::Avx512,
+        Isa::Avx512Bf16 | Isa::Amx => Isa::Avx512,
         i => i,
     };
     let fp32 = by_isa
@@ -80,11 +85,32 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
     });
     #[cfg(not(target_arch = "x86_64"))]
     let bf16 = None;
+    #[cfg(target_arch = "x86_64")]
+    let (amx_bf16, amx_int8) = if kern.amx() {
+        use super::amx::{Product, peak};
+        // 4 tile products per round, 16 × 16 outputs of 32 (bf16) or 64 (int8) multiply-adds each.
+        let per = |depth: f64| 4.0 * 16.0 * 16.0 * depth * 2.0;
+        // SAFETY: AMX checked (`Kernels::amx`).
+        let b = rate(threads, seconds, per(32.0), |it| unsafe {
+            peak(Product::Bf16, it)
+        });
+        // SAFETY: as above.
+        let i = rate(threads, seconds, per(64.0), |it| unsafe {
+            peak(Product::Int8, it)
+        });
+        (Some(b), Some(i))
+    } else {
+        (None, None)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (amx_bf16, amx_int8) = (None, None);
     Some(Peak {
         threads,
         isa: kern.isa().name().to_string(),
         fp32_gflops: fp32,
         bf16_gflops: bf16,
+        amx_bf16_gflops: amx_bf16,
+        amx_int8_gops: amx_int8,
         fp32_by_isa: by_isa,
     })
 }

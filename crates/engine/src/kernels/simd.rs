@@ -117,7 +117,7 @@ pub(crate) trait Kernel {
 pub(crate) fn dispatch<K: Kernel>(kern: Kernels, k: K) -> K::Out {
     match kern.isa() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx512Bf16 => {
+        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
             // SAFETY: a `Kernels` value names only instruction sets the CPU has (`Kernels::with_isa`).
             unsafe { super::x86::on_avx512(k) }
         }
@@ -292,8 +292,8 @@ mod tests {
         for kern in Kernels::available() {
             for n in [1, 5, 8, 15, 16, 17, 33] {
                 let (isa, out) = dispatch(kern, Probe(n));
-                let same =
-                    isa == kern.isa() || (isa == Isa::Avx512 && kern.isa() == Isa::Avx512Bf16);
+                let same = isa == kern.isa()
+                    || (isa == Isa::Avx512 && matches!(kern.isa(), Isa::Avx512Bf16 | Isa::Amx));
                 assert!(same, "{:?} ran as {isa:?}", kern.isa());
                 assert!(out[n].is_nan(), "{isa:?}: wrote past the end");
                 for (i, got) in out.iter().enumerate().take(n) {

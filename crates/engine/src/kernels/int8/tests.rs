@@ -37,6 +37,9 @@ fn paths() -> Vec<(Kernels, Path)> {
         if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
             assert!(v.iter().any(|(_, p)| *p == Path::Vnni512));
         }
+        if crate::kernels::amx::available() {
+            assert!(v.iter().any(|(_, p)| *p == Path::Amx));
+        }
     }
     v
 }
@@ -51,6 +54,8 @@ fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
         (6, 64, 256),
         (20, 200, 515),
         (3, 70, 1030),
+        // Several 32-row tile blocks, a partial last one, and a partial last input step.
+        (45, 100, 1100),
     ];
     for (kern, path) in paths() {
         for &(m, n, k) in &shapes {

@@ -1,0 +1,386 @@
+//! Intel AMX (Advanced Matrix Extensions): the tile units of Sapphire Rapids and later Xeons, used for
+//! the bf16 arm (`tdpbf16ps`) and the int8 arm (`tdpbssd`).
+//!
+//! Why: on these CPUs `vdpbf16ps` issues at half the rate of an f32 FMA, so the AVX512_BF16 kernels sit
+//! at about the f32 speed, while one tile product does 16 × 16 × 32 BF16 multiply-adds; torch reaches
+//! the tiles through oneDNN. The panel layouts the other kernels use already are AMX's B operand: a
+//! BF16 panel is `[k/2][64][2]` and an int8 panel `[k/4][64][4]`, 256 bytes per row, so the 16 columns
+//! `16j..16j+16` of 16 consecutive pair (or quad) rows are one B tile loaded with a 256-byte stride,
+//! straight from the packed weights.
+//!
+//! The tile instructions are written as inline assembly (the AMX intrinsics and target features are
+//! not stable Rust); the tile registers are invisible to the compiler, which is why they may be held
+//! across `asm!` blocks. Every tile is configured the same way (16 rows × 64 bytes), so one
+//! configuration serves both arms. Linux hands the tile state to a process only on request
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); [`available`] asks once and reports whether
+//! the CPU, the kernel and that request all say yes.
+//!
+//! Register use in a block: C tiles `tmm0..tmm3` (2 × 2 blocks of 16 × 16 f32 or i32), A tiles `tmm4`,
+//! `tmm5` (rows 0–15 and 16–31), B tiles `tmm6`, `tmm7` (columns 0–15 and 16–31 of the half panel).
+//!
+//! Determinism: each output element is one chain over the input chunks of 16 pairs (or quads) in
+//! increasing order, accumulated inside its tile, and depends only on its row of A: rows are padded to
+//! blocks of 32 with zeros, so neither `m` nor a row's place in its block changes a bit.
+
+use std::arch::asm;
+use std::sync::OnceLock;
+
+/// Rows of A (and of C) per tile block: two 16-row tiles.
+pub(crate) const ROWS: usize = 32;
+/// Input pairs (bf16) or quads (int8) per tile step: 64 bytes of a row.
+pub(crate) const STEP: usize = 16;
+/// Bytes of one panel row (64 outputs × 4 bytes) — the B tiles' stride.
+const PANEL_ROW: usize = 256;
+
+/// Whether this CPU has AMX-TILE, AMX-BF16 and AMX-INT8 and the OS has granted the tile state to this
+/// process (asked for once).
+pub(crate) fn available() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| cpu_has_amx() && request_tiles())
+}
+
+fn cpu_has_amx() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    // Leaf 7 exists where the highest leaf says so.
+    if __cpuid_count(0, 0).eax < 7 {
+        return false;
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    // AMX-BF16 (bit 22), AMX-TILE (24), AMX-INT8 (25); plus AVX512_BF16 for the rounding.
+    let amx = edx & (1 << 22) != 0 && edx & (1 << 24) != 0 && edx & (1 << 25) != 0;
+    amx && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[cfg(target_os = "linux")]
+fn request_tiles() -> bool {
+    const ARCH_GET_XCOMP_PERM: i64 = 0x1022;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    const SYS_ARCH_PRCTL: i64 = 158;
+    let req: i64;
+    // SAFETY: arch_prctl with these codes only changes this process's permission for the tile state;
+    // the syscall clobbers rcx and r11 as declared.
+    unsafe {
+        asm!("syscall", inlateout("rax") SYS_ARCH_PRCTL => req, in("rdi") ARCH_REQ_XCOMP_PERM,
+             in("rsi") XFEATURE_XTILEDATA, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    if req != 0 {
+        return false;
+    }
+    let mut mask = 0u64;
+    let got: i64;
+    // SAFETY: as above; the kernel writes one u64 to `mask`.
+    unsafe {
+        asm!("syscall", inlateout("rax") SYS_ARCH_PRCTL => got, in("rdi") ARCH_GET_XCOMP_PERM,
+             in("rsi") &mut mask as *mut u64, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    got == 0 && mask & (1 << XFEATURE_XTILEDATA) != 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tiles() -> bool {
+    false
+}
+
+/// The tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+static CONFIG: TileConfig = {
+    let mut colsb = [0u16; 16];
+    let mut rows = [0u8; 16];
+    let mut t = 0;
+    while t < 8 {
+        colsb[t] = 64;
+        rows[t] = 16;
+        t += 1;
+    }
+    TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb,
+        rows,
+    }
+};
+
+/// The tiles configured on this thread for the time the value lives; released on drop (so a context
+/// switch does not carry 8 KiB of tile data for a thread that no longer uses them).
+pub(crate) struct Tiles(());
+
+impl Tiles {
+    /// Configure the tiles on this thread.
+    ///
+    /// # Safety
+    /// [`available`] returned true.
+    #[inline]
+    pub(crate) unsafe fn configure() -> Tiles {
+        // SAFETY: AMX present and granted (the caller's contract); the config is 64 valid bytes.
+        unsafe {
+            asm!("ldtilecfg [{0}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly))
+        };
+        Tiles(())
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: the tiles were configured by `configure` (AMX present).
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// Which tile product a block runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Product {
+    /// `tdpbf16ps`: A and B are bf16 pairs, C f32.
+    Bf16,
+    /// `tdpbssd`: A and B are signed bytes in quads, C i32.
+    Int8,
+}
+
+/// Where a block reads and writes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Block {
+    /// Row 0 of A at the block's first input; rows `lda` bytes apart, 32 of them readable for
+    /// `steps · 64` bytes each.
+    pub a: *const u8,
+    pub lda: usize,
+    /// The panel's row 0 plus the half's byte offset (0 or 128); `steps · 16` rows of 256 bytes.
+    pub b: *const u8,
+    /// The last step reads its B rows from here instead (a 16-row zero-padded copy of the panel's tail),
+    /// when the inputs do not fill it.
+    pub b_tail: Option<*const u8>,
+    pub steps: usize,
+    /// C: 32 rows of 32 f32/i32, `ldc` bytes apart.
+    pub c: *mut u8,
+    pub ldc: usize,
+}
+
+/// `C[0..32][0..32] = Σ_steps A · B` for one 32-row block and one half panel (32 outputs).
+///
+/// # Safety
+/// The thread's tiles are configured ([`Tiles::configure`]); the pointers address the extents
+/// documented on [`Block`].
+#[inline]
+pub(crate) unsafe fn block(product: Product, blk: Block) {
+    let Block {
+        a,
+        lda,
+        b,
+        b_tail,
+        steps,
+        c,
+        ldc,
+    } = blk;
+    // SAFETY: the caller's contract; tile loads read 16 rows × 64 bytes at the given strides, stores
+    // write the same into C.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+        let a1 = a.add(16 * lda);
+        for s in 0..steps {
+            let off = s * 64;
+            let bs = match b_tail {
+                Some(t) if s + 1 == steps => t,
+                _ => b.add(s * STEP * PANEL_ROW),
+            };
+            asm!(
+                "tileloadd tmm4, [{a0} + {lda}]",
+                "tileloadd tmm5, [{a1} + {lda}]",
+                "tileloadd tmm6, [{b0} + {ldb}]",
+                "tileloadd tmm7, [{b1} + {ldb}]",
+                a0 = in(reg) a.add(off),
+                a1 = in(reg) a1.add(off),
+                b0 = in(reg) bs,
+                b1 = in(reg) bs.add(64),
+                lda = in(reg) lda,
+                ldb = in(reg) PANEL_ROW,
+                options(nostack, readonly)
+            );
+            match product {
+                Product::Bf16 => asm!(
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    options(nostack, nomem)
+                ),
+                Product::Int8 => asm!(
+                    "tdpbssd tmm0, tmm4, tmm6",
+                    "tdpbssd tmm1, tmm4, tmm7",
+                    "tdpbssd tmm2, tmm5, tmm6",
+                    "tdpbssd tmm3, tmm5, tmm7",
+                    options(nostack, nomem)
+                ),
+            }
+        }
+        asm!(
+            "tilestored [{c0} + {ldc}], tmm0",
+            "tilestored [{c1} + {ldc}], tmm1",
+            "tilestored [{c2} + {ldc}], tmm2",
+            "tilestored [{c3} + {ldc}], tmm3",
+            c0 = in(reg) c,
+            c1 = in(reg) c.add(64),
+            c2 = in(reg) c.add(16 * ldc),
+            c3 = in(reg) c.add(16 * ldc + 64),
+            ldc = in(reg) ldc,
+            options(nostack)
+        );
+    }
+}
+
+/// A zero-padded copy of a panel's last, partial step: `rows` panel rows from `src`, then zeros up to 16.
+pub(crate) fn tail_copy(src: &[u8], buf: &mut [u8; STEP * PANEL_ROW]) {
+    buf.fill(0);
+    buf[..src.len()].copy_from_slice(src);
+}
+
+/// Peak loop: `iters` rounds of 4 independent tile products on tiles loaded once; returns a value that
+/// depends on them. Multiply-adds per round: 4 × 16 × 16 × 32 (bf16) or × 64 (int8).
+///
+/// # Safety
+/// [`available`] returned true.
+pub(crate) unsafe fn peak(product: Product, iters: u64) -> f32 {
+    let src = super::buf::AlignedBuf::<u8>::zeroed(16 * 64);
+    let mut out = super::buf::AlignedBuf::<f32>::zeroed(16 * 16);
+    // SAFETY: AMX granted (the caller's contract); the loads read 16 × 64 bytes of `src`, the store
+    // writes 16 × 64 bytes of `out`.
+    unsafe {
+        let _tiles = Tiles::configure();
+        asm!(
+            "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+            "tileloadd tmm4, [{p} + {s}]", "tileloadd tmm5, [{p} + {s}]",
+            "tileloadd tmm6, [{p} + {s}]", "tileloadd tmm7, [{p} + {s}]",
+            p = in(reg) src.as_ptr(), s = in(reg) 64usize, options(nostack, readonly)
+        );
+        for _ in 0..iters {
+            match product {
+                Product::Bf16 => asm!(
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    options(nostack, nomem)
+                ),
+                Product::Int8 => asm!(
+                    "tdpbssd tmm0, tmm4, tmm6",
+                    "tdpbssd tmm1, tmm4, tmm7",
+                    "tdpbssd tmm2, tmm5, tmm6",
+                    "tdpbssd tmm3, tmm5, tmm7",
+                    options(nostack, nomem)
+                ),
+            }
+        }
+        asm!("tilestored [{p} + {s}], tmm3", p = in(reg) out.as_mut_ptr(), s = in(reg) 64usize,
+             options(nostack));
+    }
+    out[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> u32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*seed >> 33) as u32
+    }
+
+    /// One block straight from the assembly: 32 rows × 32 outputs over 2 full steps and a partial third
+    /// (read from the zero-padded tail copy), against plain arithmetic. Small integers in bf16 and int8, so
+    /// every sum is exact and the comparison is bit for bit.
+    #[test]
+    fn a_tile_block_is_the_plain_product() {
+        if !available() {
+            println!("skipped: this CPU (or OS) has no AMX tiles; the tile kernels were not run");
+            return;
+        }
+        let (steps, tail) = (3usize, 5usize);
+        let depth = (steps - 1) * STEP + tail; // pair (or quad) rows of the panel
+        for product in [Product::Bf16, Product::Int8] {
+            let mut seed = 7;
+            let lda = steps * 64 + 64;
+            let mut a = vec![0u8; ROWS * lda];
+            let mut panel = vec![0u8; depth * PANEL_ROW];
+            // Values in -4..=4: bf16 bit patterns of small integers, or plain bytes.
+            let val = |seed: &mut u64| (lcg(seed) % 9) as i32 - 4;
+            let bf16 = |v: i32| crate::kernels::bf16_bits(v as f32).to_le_bytes();
+            let lanes = if product == Product::Bf16 { 2 } else { 4 };
+            let mut av = vec![0i32; ROWS * depth * lanes];
+            for r in 0..ROWS {
+                for e in 0..depth * lanes {
+                    let v = val(&mut seed);
+                    av[r * depth * lanes + e] = v;
+                    match product {
+                        Product::Bf16 => {
+                            a[r * lda + 2 * e..r * lda + 2 * e + 2].copy_from_slice(&bf16(v))
+                        }
+                        Product::Int8 => a[r * lda + e] = v as i8 as u8,
+                    }
+                }
+            }
+            let mut bv = vec![0i32; depth * 64 * lanes];
+            for (e, x) in bv.iter_mut().enumerate() {
+                *x = val(&mut seed);
+                match product {
+                    Product::Bf16 => panel[2 * e..2 * e + 2].copy_from_slice(&bf16(*x)),
+                    Product::Int8 => panel[e] = *x as i8 as u8,
+                }
+            }
+            let mut tbuf = [0u8; STEP * PANEL_ROW];
+            tail_copy(&panel[(depth - tail) * PANEL_ROW..], &mut tbuf);
+            for h in 0..2 {
+                let mut c = vec![0u32; ROWS * 32];
+                // SAFETY: AMX checked; A has 32 rows of `steps · 64` bytes, the panel `depth` rows
+                // (the last step reads the tail copy), C 32 rows of 128 bytes.
+                unsafe {
+                    let _tiles = Tiles::configure();
+                    block(
+                        product,
+                        Block {
+                            a: a.as_ptr(),
+                            lda,
+                            b: panel.as_ptr().add(h * 128),
+                            b_tail: Some(tbuf.as_ptr().add(h * 128)),
+                            steps,
+                            c: c.as_mut_ptr() as *mut u8,
+                            ldc: 128,
+                        },
+                    );
+                }
+                for r in 0..ROWS {
+                    for j in 0..32 {
+                        let col = h * 32 + j;
+                        let mut want = 0i32;
+                        for d in 0..depth {
+                            for l in 0..lanes {
+                                want += av[r * depth * lanes + d * lanes + l]
+                                    * bv[(d * 64 + col) * lanes + l];
+                            }
+                        }
+                        let got = match product {
+                            Product::Bf16 => f32::from_bits(c[r * 32 + j]) as i32,
+                            Product::Int8 => c[r * 32 + j] as i32,
+                        };
+                        assert_eq!(got, want, "{product:?} row {r} column {col}");
+                    }
+                }
+            }
+        }
+    }
+}
