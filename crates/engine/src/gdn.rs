@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use crate::config::Qwen35Config;
+use crate::kernels::math::flush_tiny;
 use crate::kernels::matmul::{Mat, matmul, transpose};
 use crate::kernels::{Kernels, Rows, RowsMut, math, wide};
 use crate::model::GdnWeights;
@@ -327,29 +328,12 @@ fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], buf
     chunks_impl(kern, head, s, o, bufs)
 }
 
-/// Subnormal f32 are kept out of the chunk products: on Intel cores every FMA that reads or writes a
-/// subnormal takes a microcode assist (about a hundred cycles), and with strong decays the products of
-/// decayed terms fall there in bulk — the 0.8B synthetic release spent a quarter of its AVX2 forward in
-/// these products, 4× their FLOP share. (Flushing in hardware, MXCSR's FTZ/DAZ, is undefined behaviour
-/// in Rust.) So every operand of a product is either zero or at least [`TINY`] = 2⁻⁶³ in magnitude,
-/// which makes every product of two operands at least 2⁻¹²⁶, a normal f32: decays below e^−40 are taken
-/// as exactly 0 ([`cut`]) and the buffers that feed a product are flushed ([`flush_tiny`]) once they
-/// are final. A value under 2⁻⁶³ ≈ 1.1·10⁻¹⁹ beside the O(10⁻³…10) activations of a layer is 16
-/// orders of magnitude below f32's resolution, so no result that is not itself about that small
-/// changes.
+/// Subnormal f32 are kept out of the chunk products (see [`math::TINY`]): with strong decays the
+/// products of decayed terms fall there in bulk — the 0.8B synthetic release spent a quarter of its
+/// AVX2 forward in these products, 4× their FLOP share. So every operand of a product is either zero or
+/// at least `TINY` in magnitude: decays below e^−40 are taken as exactly 0 ([`cut`]) and the buffers
+/// that feed a product are flushed once they are final.
 const LOG_DECAY_CUT: f32 = -40.0;
-
-/// Operands smaller than this in magnitude become 0 (2⁻⁶³; see [`LOG_DECAY_CUT`]).
-const TINY: f32 = 1.0842022e-19;
-
-#[inline(always)]
-fn flush_tiny(x: &mut [f32]) {
-    for v in x {
-        if v.abs() < TINY {
-            *v = 0.0;
-        }
-    }
-}
 
 #[inline(always)]
 fn cut(log_decay: f32) -> f32 {
