@@ -726,6 +726,32 @@ mod tests {
     }
 
     #[test]
+    fn amx_holds_the_bf16_share_against_the_dot_peak() {
+        // 1 GFLOP in 0.004 s = 250 GFLOP/s: 5 % of a 5,000 GFLOP/s tile peak (the row's share), but
+        // 1.25× the 200 GFLOP/s `vdpbf16ps` peak the bar is stated against.
+        let rows = vec![row("bf16", 1518, 0.004, Some(0.05))];
+        let pk = peak::Peak {
+            threads: 2,
+            isa: "amx".into(),
+            fp32_gflops: 400.0,
+            bf16_gflops: Some(200.0),
+            amx_bf16_gflops: Some(5000.0),
+            amx_int8_gops: Some(10000.0),
+            fp32_by_isa: vec![("avx512".into(), 400.0)],
+        };
+        let b = bars(Isa::Amx, Some(&pk), &rows, &[]);
+        let share = b.iter().find(|x| x.what.contains("share")).unwrap();
+        assert!(share.met && (share.value - 1.25).abs() < 1e-12, "{share:?}");
+        // Without the dot peak (no measurement), the row's own share is held.
+        let b = bars(Isa::Amx, None, &rows, &[]);
+        let share = b.iter().find(|x| x.what.contains("share")).unwrap();
+        assert!(!share.met && share.value == 0.05);
+        // The table's share of a bf16 row on AMX is over the tile peak.
+        assert_eq!(share_of_peak(Some(&pk), true, 500.0), Some(0.1));
+        assert_eq!(share_of_peak(Some(&pk), false, 200.0), Some(0.5));
+    }
+
+    #[test]
     fn avx2_runs_are_held_to_the_avx2_bars() {
         let rows = vec![
             row("fp32", 94, 1.5, Some(0.85)),
