@@ -25,6 +25,8 @@
 use std::arch::asm;
 use std::sync::OnceLock;
 
+use super::buf::AlignedBuf;
+
 /// Rows of A (and of C) per tile block: two 16-row tiles.
 pub(crate) const ROWS: usize = 32;
 /// Input pairs (bf16) or quads (int8) per tile step: 64 bytes of a row.
@@ -164,6 +166,105 @@ pub(crate) struct Block {
     pub ldc: usize,
 }
 
+/// The four tile products of one step: `tmm0..3 += {tmm4, tmm5} × {tmm6, tmm7}`.
+///
+/// # Safety
+/// The thread's tiles are configured and hold the step's operands.
+#[inline(always)]
+unsafe fn products(product: Product) {
+    // SAFETY: the caller's contract; register-only instructions.
+    unsafe {
+        match product {
+            Product::Bf16 => asm!(
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                options(nostack, nomem)
+            ),
+            Product::Int8 => asm!(
+                "tdpbssd tmm0, tmm4, tmm6",
+                "tdpbssd tmm1, tmm4, tmm7",
+                "tdpbssd tmm2, tmm5, tmm6",
+                "tdpbssd tmm3, tmm5, tmm7",
+                options(nostack, nomem)
+            ),
+        }
+    }
+}
+
+/// A task's buffers for [`run_panel`]: one 32-row block of results (64 per row) and the zero-padded
+/// copy of a panel's partial last step.
+pub(crate) struct Scratch {
+    out: AlignedBuf<i32>,
+    tail: AlignedBuf<u8>,
+}
+
+impl Scratch {
+    pub(crate) fn new() -> Self {
+        Scratch {
+            out: AlignedBuf::zeroed(ROWS * 64),
+            tail: AlignedBuf::zeroed(STEP * PANEL_ROW),
+        }
+    }
+}
+
+/// The product of all activation rows with one 64-output panel: for each 32-row block, both half panels
+/// over every input step, then `out(r0, rows, results)` with the block's first row, its number of real
+/// rows (`min(32, m − r0)`) and its results, 64 per row (f32 bits for [`Product::Bf16`], i32 for
+/// [`Product::Int8`]; columns past `ncols` are not computed).
+///
+/// # Safety
+/// [`available`] returned true; `a` addresses `m.div_ceil(32) · 32` rows `lda` bytes apart, each with
+/// `depth.div_ceil(16) · 64` readable bytes (zeros past the inputs), where `depth = panel.len() / 256`.
+pub(crate) unsafe fn run_panel(
+    product: Product,
+    a: *const u8,
+    lda: usize,
+    m: usize,
+    panel: &[u8],
+    ncols: usize,
+    scratch: &mut Scratch,
+    mut out: impl FnMut(usize, usize, &[i32]),
+) {
+    let depth = panel.len() / PANEL_ROW;
+    let (steps, tail) = (depth.div_ceil(STEP), depth % STEP);
+    let b_tail = (tail != 0).then(|| {
+        let t: &mut [u8; STEP * PANEL_ROW] = (&mut scratch.tail[..]).try_into().expect("tail size");
+        tail_copy(&panel[(depth - tail) * PANEL_ROW..], t);
+        scratch.tail.as_ptr()
+    });
+    // SAFETY: AMX granted (the caller's contract).
+    let _tiles = unsafe { Tiles::configure() };
+    let mut r0 = 0;
+    while r0 < m {
+        for h in 0..2 {
+            if h * 32 >= ncols {
+                break;
+            }
+            // SAFETY: rows r0..r0+32 exist with `steps · 64` bytes each (the caller's contract); the
+            // panel holds `depth` rows of 256 bytes and a partial last step reads the padded copy; the
+            // block writes 32 rows of 32 values into the result buffer (256-byte rows).
+            unsafe {
+                block(
+                    product,
+                    Block {
+                        a: a.add(r0 * lda),
+                        lda,
+                        b: panel.as_ptr().add(h * 128),
+                        b_tail: b_tail.map(|t| t.add(h * 128)),
+                        steps,
+                        c: (scratch.out.as_mut_ptr() as *mut u8).add(h * 128),
+                        ldc: 64 * 4,
+                    },
+                )
+            };
+        }
+        out(r0, (m - r0).min(ROWS), &scratch.out[..]);
+        r0 += ROWS;
+    }
+}
+
 /// `C[0..32][0..32] = Σ_steps A · B` for one 32-row block and one half panel (32 outputs).
 ///
 /// # Safety
@@ -210,22 +311,7 @@ pub(crate) unsafe fn block(product: Product, blk: Block) {
                 ldb = in(reg) PANEL_ROW,
                 options(nostack, readonly)
             );
-            match product {
-                Product::Bf16 => asm!(
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    options(nostack, nomem)
-                ),
-                Product::Int8 => asm!(
-                    "tdpbssd tmm0, tmm4, tmm6",
-                    "tdpbssd tmm1, tmm4, tmm7",
-                    "tdpbssd tmm2, tmm5, tmm6",
-                    "tdpbssd tmm3, tmm5, tmm7",
-                    options(nostack, nomem)
-                ),
-            }
+            products(product);
         }
         asm!(
             "tilestored [{c0} + {ldc}], tmm0",
@@ -243,7 +329,7 @@ pub(crate) unsafe fn block(product: Product, blk: Block) {
 }
 
 /// A zero-padded copy of a panel's last, partial step: `rows` panel rows from `src`, then zeros up to 16.
-pub(crate) fn tail_copy(src: &[u8], buf: &mut [u8; STEP * PANEL_ROW]) {
+fn tail_copy(src: &[u8], buf: &mut [u8; STEP * PANEL_ROW]) {
     buf.fill(0);
     buf[..src.len()].copy_from_slice(src);
 }
@@ -254,8 +340,8 @@ pub(crate) fn tail_copy(src: &[u8], buf: &mut [u8; STEP * PANEL_ROW]) {
 /// # Safety
 /// [`available`] returned true.
 pub(crate) unsafe fn peak(product: Product, iters: u64) -> f32 {
-    let src = super::buf::AlignedBuf::<u8>::zeroed(16 * 64);
-    let mut out = super::buf::AlignedBuf::<f32>::zeroed(16 * 16);
+    let src = AlignedBuf::<u8>::zeroed(16 * 64);
+    let mut out = AlignedBuf::<f32>::zeroed(16 * 16);
     // SAFETY: AMX granted (the caller's contract); the loads read 16 × 64 bytes of `src`, the store
     // writes 16 × 64 bytes of `out`.
     unsafe {
@@ -267,22 +353,7 @@ pub(crate) unsafe fn peak(product: Product, iters: u64) -> f32 {
             p = in(reg) src.as_ptr(), s = in(reg) 64usize, options(nostack, readonly)
         );
         for _ in 0..iters {
-            match product {
-                Product::Bf16 => asm!(
-                    "tdpbf16ps tmm0, tmm4, tmm6",
-                    "tdpbf16ps tmm1, tmm4, tmm7",
-                    "tdpbf16ps tmm2, tmm5, tmm6",
-                    "tdpbf16ps tmm3, tmm5, tmm7",
-                    options(nostack, nomem)
-                ),
-                Product::Int8 => asm!(
-                    "tdpbssd tmm0, tmm4, tmm6",
-                    "tdpbssd tmm1, tmm4, tmm7",
-                    "tdpbssd tmm2, tmm5, tmm6",
-                    "tdpbssd tmm3, tmm5, tmm7",
-                    options(nostack, nomem)
-                ),
-            }
+            products(product);
         }
         asm!("tilestored [{p} + {s}], tmm3", p = in(reg) out.as_mut_ptr(), s = in(reg) 64usize,
              options(nostack));

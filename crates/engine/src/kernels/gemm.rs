@@ -105,29 +105,20 @@ pub fn gemm(run: Run, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>) {
         return;
     }
     let bf16_hw = arm == Arm::Bf16 && kern.avx512bf16() && w.is_bf16();
-    #[cfg(target_arch = "x86_64")]
-    if bf16_hw && kern.amx() {
-        SCRATCH_U32.with(|s| {
-            let mut buf = std::mem::take(&mut *s.borrow_mut());
-            gemm_bf16_amx(
-                kern,
-                Rows {
-                    m,
-                    data: a,
-                    ld: lda,
-                },
-                w,
-                RowsMut { data: c, ld: ldc },
-                &mut buf,
-            );
-            *s.borrow_mut() = buf;
-        });
-        return;
-    }
     if bf16_hw {
+        // Tiles where the CPU has them, else `vdpbf16ps`: the same rounded activations either way.
+        type Bf16Gemm = fn(Kernels, Rows<'_>, &PackedMatrix, RowsMut<'_>, &mut Vec<u32>);
+        #[cfg(target_arch = "x86_64")]
+        let run: Bf16Gemm = if kern.amx() {
+            gemm_bf16_amx
+        } else {
+            gemm_bf16_hw
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let run: Bf16Gemm = gemm_bf16_hw;
         SCRATCH_U32.with(|s| {
             let mut buf = std::mem::take(&mut *s.borrow_mut());
-            gemm_bf16_hw(
+            run(
                 kern,
                 Rows {
                     m,
@@ -400,7 +391,7 @@ fn gemm_bf16_amx(
     c: RowsMut<'_>,
     abuf: &mut Vec<u32>,
 ) {
-    use super::amx::{self, Block, Product, ROWS, STEP, Tiles};
+    use super::amx::{self, Product, ROWS, STEP, Scratch};
     let Rows {
         m,
         data: a,
@@ -412,7 +403,6 @@ fn gemm_bf16_amx(
         unreachable!("bf16 path is only taken for bf16 storage")
     };
     let steps = kp.div_ceil(STEP);
-    let tail = kp % STEP;
     // One cache line past the padded pairs, so no row stride is a multiple of 4 KiB.
     let lpa = steps * STEP + 16;
     let mpad = m.div_ceil(ROWS) * ROWS;
@@ -427,58 +417,37 @@ fn gemm_bf16_amx(
     let cp = SendPtr(c.as_mut_ptr());
     let abase = abuf.as_ptr() as usize;
     let panel_bytes = kp * NR * 2 * 2;
-    (0..w.panels()).into_par_iter().for_each_init(
-        || {
-            (
-                AlignedBuf::<f32>::zeroed(ROWS * NR),
-                AlignedBuf::<u8>::zeroed(STEP * NR * 4),
-            )
-        },
-        |(cbuf, tbuf), p| {
+    (0..w.panels())
+        .into_par_iter()
+        .for_each_init(Scratch::new, |scratch, p| {
             let ncols = (n - p * NR).min(NR);
             let panel = &as_bytes(&d[..])[p * panel_bytes..(p + 1) * panel_bytes];
-            let b_tail = (tail != 0).then(|| {
-                let t: &mut [u8; STEP * NR * 4] = (&mut tbuf[..]).try_into().expect("tail size");
-                amx::tail_copy(&panel[(kp - tail) * NR * 4..], t);
-                tbuf.as_ptr()
-            });
-            // SAFETY: `Kernels::amx` is only true where `amx::available()` said so.
-            let _tiles = unsafe { Tiles::configure() };
-            let mut r0 = 0;
-            while r0 < m {
-                for h in 0..2 {
-                    if h * 32 >= ncols {
-                        break;
-                    }
-                    // SAFETY: rows r0..r0+32 of the padded activations hold `steps · 16` pairs each;
-                    // the panel holds `kp` rows of 256 bytes and the last, partial step reads the
-                    // padded tail copy instead; the block writes 32 rows of 32 f32 into `cbuf`.
-                    unsafe {
-                        amx::block(
-                            Product::Bf16,
-                            Block {
-                                a: (abase as *const u8).add(r0 * lpa * 4),
-                                lda: lpa * 4,
-                                b: panel.as_ptr().add(h * 128),
-                                b_tail: b_tail.map(|t| t.add(h * 128)),
-                                steps,
-                                c: (cbuf.as_mut_ptr() as *mut u8).add(h * 128),
-                                ldc: NR * 4,
-                            },
-                        )
-                    };
-                }
-                for r in 0..(m - r0).min(ROWS) {
+            let copy = |r0: usize, rows: usize, res: &[i32]| {
+                for r in 0..rows {
                     // SAFETY: panel `p` owns columns p·NR..p·NR+ncols of every row; rows < m.
                     let crow = unsafe {
                         std::slice::from_raw_parts_mut(cp.get().add((r0 + r) * ldc + p * NR), ncols)
                     };
-                    crow.copy_from_slice(&cbuf[r * NR..r * NR + ncols]);
+                    for (x, v) in crow.iter_mut().zip(&res[r * NR..r * NR + ncols]) {
+                        *x = f32::from_bits(*v as u32);
+                    }
                 }
-                r0 += ROWS;
-            }
-        },
-    );
+            };
+            // SAFETY: `Kernels::amx` is only true where `amx::available()` said so; the rounded rows are
+            // padded with zeros to whole 32-row blocks and 16-pair steps (`mpad`, `lpa`).
+            unsafe {
+                amx::run_panel(
+                    Product::Bf16,
+                    abase as *const u8,
+                    lpa * 4,
+                    m,
+                    panel,
+                    ncols,
+                    scratch,
+                    copy,
+                )
+            };
+        });
 }
 
 /// The bytes of a slice, for prefetch hints.

@@ -630,31 +630,19 @@ fn run_panels_amx(
     c: &mut [f32],
     ldc: usize,
 ) {
-    use super::amx::{self, Block, Product, ROWS, STEP, Tiles};
+    use super::amx::{self, Product, Scratch};
     let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
     let (n, kg) = (w.n, w.kg);
-    let steps = kg.div_ceil(STEP);
-    let tail = kg % STEP;
     let cp = SendPtr(c.as_mut_ptr());
     let panel_bytes = kg * NR * G;
     let wbytes = w.data.as_ptr() as usize;
-    (0..n.div_ceil(NR)).into_par_iter().for_each_init(
-        || {
-            (
-                AlignedBuf::<i32>::zeroed(ROWS * NR),
-                AlignedBuf::<u8>::zeroed(STEP * NR * G),
-            )
-        },
-        |(acc, tbuf), p| {
+    (0..n.div_ceil(NR))
+        .into_par_iter()
+        .for_each_init(Scratch::new, |scratch, p| {
             // SAFETY: the packed data holds whole panels of `kg · NR · G` bytes.
             let panel = unsafe {
                 std::slice::from_raw_parts((wbytes as *const u8).add(p * panel_bytes), panel_bytes)
             };
-            let b_tail = (tail != 0).then(|| {
-                let t: &mut [u8; STEP * NR * G] = (&mut tbuf[..]).try_into().expect("tail size");
-                amx::tail_copy(&panel[(kg - tail) * NR * G..], t);
-                tbuf.as_ptr()
-            });
             let out = Dequant {
                 kern,
                 w,
@@ -664,38 +652,21 @@ fn run_panels_amx(
                 c: cp,
                 ldc,
             };
-            let ncols = (n - p * NR).min(NR);
-            // SAFETY: `Path::Amx` is only chosen where `amx::available()` said so.
-            let _tiles = unsafe { Tiles::configure() };
-            let mut r0 = 0;
-            while r0 < m {
-                for h in 0..2 {
-                    if h * 32 >= ncols {
-                        break;
-                    }
-                    // SAFETY: rows r0..r0+32 of `qa` exist (padded) with `steps · 64` bytes each; the
-                    // panel holds `kg` rows of 256 bytes and the partial last step reads the padded
-                    // copy; the block writes 32 rows of 32 i32 into `acc`.
-                    unsafe {
-                        amx::block(
-                            Product::Int8,
-                            Block {
-                                a: qa.as_ptr().add(r0 * lq),
-                                lda: lq,
-                                b: panel.as_ptr().add(h * 128),
-                                b_tail: b_tail.map(|t| t.add(h * 128)),
-                                steps,
-                                c: (acc.as_mut_ptr() as *mut u8).add(h * 128),
-                                ldc: NR * 4,
-                            },
-                        )
-                    };
-                }
-                out.rows(&acc[..], r0..(r0 + ROWS).min(m));
-                r0 += ROWS;
-            }
-        },
-    );
+            // SAFETY: `Path::Amx` is only chosen where `amx::available()` said so; the quantised rows
+            // are padded with zero bytes to whole 32-row blocks and 64-input steps (`gemm_int8`).
+            unsafe {
+                amx::run_panel(
+                    Product::Int8,
+                    qa.as_ptr(),
+                    lq,
+                    m,
+                    panel,
+                    (n - p * NR).min(NR),
+                    scratch,
+                    |r0, rows, acc| out.rows(acc, r0..r0 + rows),
+                )
+            };
+        });
 }
 
 /// `acc[r][0..NR] (+)= Σ_{g < kg} Σ_t a[r][4g+t] · b[g][j][t]` for `r < rows`.
