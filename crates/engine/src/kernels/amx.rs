@@ -193,6 +193,15 @@ unsafe fn products(product: Product) {
     }
 }
 
+/// The activation rows of a [`run_panel`] call: `m` rows from `a`, `lda` bytes apart, padded as it
+/// requires.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TileRows {
+    pub a: *const u8,
+    pub lda: usize,
+    pub m: usize,
+}
+
 /// A task's buffers for [`run_panel`]: one 32-row block of results (64 per row) and the zero-padded
 /// copy of a panel's partial last step.
 pub(crate) struct Scratch {
@@ -215,18 +224,18 @@ impl Scratch {
 /// [`Product::Int8`]; columns past `ncols` are not computed).
 ///
 /// # Safety
-/// [`available`] returned true; `a` addresses `m.div_ceil(32) · 32` rows `lda` bytes apart, each with
-/// `depth.div_ceil(16) · 64` readable bytes (zeros past the inputs), where `depth = panel.len() / 256`.
+/// [`available`] returned true; `rows.a` addresses `rows.m.div_ceil(32) · 32` rows `rows.lda` bytes
+/// apart, each with `depth.div_ceil(16) · 64` readable bytes (zeros past the inputs), where
+/// `depth = panel.len() / 256`.
 pub(crate) unsafe fn run_panel(
     product: Product,
-    a: *const u8,
-    lda: usize,
-    m: usize,
+    rows: TileRows,
     panel: &[u8],
     ncols: usize,
     scratch: &mut Scratch,
     mut out: impl FnMut(usize, usize, &[i32]),
 ) {
+    let TileRows { a, lda, m } = rows;
     let depth = panel.len() / PANEL_ROW;
     let (steps, tail) = (depth.div_ceil(STEP), depth % STEP);
     let b_tail = (tail != 0).then(|| {

@@ -391,7 +391,7 @@ fn gemm_bf16_amx(
     c: RowsMut<'_>,
     abuf: &mut Vec<u32>,
 ) {
-    use super::amx::{self, Product, ROWS, STEP, Scratch};
+    use super::amx::{self, Product, ROWS, STEP, Scratch, TileRows};
     let Rows {
         m,
         data: a,
@@ -438,9 +438,11 @@ fn gemm_bf16_amx(
             unsafe {
                 amx::run_panel(
                     Product::Bf16,
-                    abase as *const u8,
-                    lpa * 4,
-                    m,
+                    TileRows {
+                        a: abase as *const u8,
+                        lda: lpa * 4,
+                        m,
+                    },
                     panel,
                     ncols,
                     scratch,

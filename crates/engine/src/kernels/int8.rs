@@ -630,7 +630,7 @@ fn run_panels_amx(
     c: &mut [f32],
     ldc: usize,
 ) {
-    use super::amx::{self, Product, Scratch};
+    use super::amx::{self, Product, Scratch, TileRows};
     let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
     let (n, kg) = (w.n, w.kg);
     let cp = SendPtr(c.as_mut_ptr());
@@ -657,9 +657,11 @@ fn run_panels_amx(
             unsafe {
                 amx::run_panel(
                     Product::Int8,
-                    qa.as_ptr(),
-                    lq,
-                    m,
+                    TileRows {
+                        a: qa.as_ptr(),
+                        lda: lq,
+                        m,
+                    },
                     panel,
                     (n - p * NR).min(NR),
                     scratch,
