@@ -626,8 +626,8 @@ mod tests {
 
     #[test]
     fn chunked_matches_recurrent() {
-        // Mild decays, and strong ones (up to e^−20 a token) whose decayed products fall below the
-        // subnormal floor unless flushed (`TINY`).
+        // Mild decays, and strong ones (up to e^−10.5 a token, far past e^−87 across a chunk) whose
+        // decayed products fall below the subnormal floor unless flushed (`TINY`).
         let cases = [
             (150, 16, 24, 0.3),
             (64, 8, 8, 0.3),
