@@ -5,21 +5,48 @@
 use kev_tokenize::{KevTokenizer, Limits, TokenizeError};
 use serde_json::{Map, Value, json};
 
-/// `Ok(Ok(rows))`; `Ok(Err({"status", "body"}))` for a request the server would refuse; `Err` for a
-/// fault of ours (the tokenizer failed on valid text).
+/// A request the server would refuse: the status from the contract's one status table and the body it
+/// would send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    /// The HTTP status.
+    pub status: u16,
+    /// The response body.
+    pub body: Value,
+}
+
+impl Refused {
+    /// `{"status", "body"}`, as `kev rows` prints a refusal.
+    pub fn to_value(&self) -> Value {
+        json!({ "status": self.status, "body": self.body })
+    }
+}
+
+/// `Ok(Ok(rows))`; `Ok(Err(refused))` for a request the server would refuse; `Err` for a fault of ours
+/// (the tokenizer failed on valid text).
 pub fn rows(
     tok: &KevTokenizer,
     body: &[u8],
     limits: &Limits,
-) -> Result<Result<Value, Value>, TokenizeError> {
+) -> Result<Result<Value, Refused>, TokenizeError> {
     let req = match kev_contract::parse_request(body) {
         Ok(r) => r,
-        Err(e) => return Ok(Err(json!({ "status": e.status(), "body": e.body() }))),
+        Err(e) => {
+            return Ok(Err(Refused {
+                status: e.status(),
+                body: e.body(),
+            }));
+        }
     };
     let compiled = match tok.compile(&req, limits) {
         Ok(c) => c,
         Err(e @ TokenizeError::Encode(_)) => return Err(e),
-        Err(e) => return Ok(Err(json!({ "status": e.status(), "body": e.body() }))),
+        Err(e) => {
+            return Ok(Err(Refused {
+                status: e.status(),
+                body: e.body(),
+            }));
+        }
     };
     let state_len = compiled.state_ids().len();
     let questions: Vec<Value> = req

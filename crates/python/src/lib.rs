@@ -148,10 +148,7 @@ impl Engine {
         });
         match out {
             Ok(Ok(v)) => Ok((200, text(&v))),
-            Ok(Err(refusal)) => Ok((
-                refusal["status"].as_u64().unwrap_or(422) as u16,
-                text(&refusal["body"]),
-            )),
+            Ok(Err(refused)) => Ok((refused.status, text(&refused.body))),
             Err(e) => Err(PyRuntimeError::new_err(e.to_string())),
         }
     }

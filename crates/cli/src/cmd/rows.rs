@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (out, code) = match rows(&tok, &body, &limits)? {
         Ok(v) => (v, ExitCode::SUCCESS),
-        Err(refusal) => (refusal, ExitCode::from(2)),
+        Err(refused) => (refused.to_value(), ExitCode::from(2)),
     };
     let mut stdout = std::io::stdout().lock();
     serde_json::to_writer(&mut stdout, &out)?;
@@ -84,8 +84,8 @@ mod tests {
         let refused = rows(&tok, b"{", &Limits::KEV)
             .expect("no fault")
             .expect_err("invalid");
-        assert_eq!(refused["status"], json!(422));
-        assert_eq!(refused["body"]["detail"][0]["type"], json!("json_invalid"));
+        assert_eq!(refused.status, 422);
+        assert_eq!(refused.body["detail"][0]["type"], json!("json_invalid"));
 
         let small = Limits {
             max_state_tokens: 2,
@@ -94,9 +94,9 @@ mod tests {
         let refused = rows(&tok, body, &small)
             .expect("no fault")
             .expect_err("over the limit");
-        assert_eq!(refused["status"], json!(422));
+        assert_eq!(refused.status, 422);
         assert_eq!(
-            refused["body"]["detail"]["error_type"],
+            refused.body["detail"]["error_type"],
             json!("invalid_request_error")
         );
     }
