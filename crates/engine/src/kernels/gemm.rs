@@ -584,14 +584,22 @@ unsafe fn ukr_f32<S: Simd, const NV: usize>(
                 }
             };
             let mut kk = 0;
-            while kk + 2 <= kc {
-                if let Some(n) = fetch {
-                    let line = kk / 2;
-                    let (r, off) = (line % MR, (line / MR) * 16);
-                    if off < kc {
-                        prefetch_l1(n[r].wrapping_add(off));
+            if let Some(n) = fetch {
+                // One line every two steps, the rows in turn: over 2·MR steps the line offset is
+                // fixed, so the loop carries no division (its multiply shared the FMA ports and
+                // cost the AVX2 kernel several per cent).
+                let mut off = 0;
+                while kk + 2 * MR <= kc && off < kc {
+                    for row in n {
+                        prefetch_l1(row.wrapping_add(off));
+                        step(kk, &mut acc);
+                        step(kk + 1, &mut acc);
+                        kk += 2;
                     }
+                    off += 16;
                 }
+            }
+            while kk + 2 <= kc {
                 step(kk, &mut acc);
                 step(kk + 1, &mut acc);
                 kk += 2;
