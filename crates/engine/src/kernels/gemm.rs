@@ -599,13 +599,17 @@ unsafe fn ukr_f32<S: Simd, const NV: usize>(
                     off += 16;
                 }
             }
-            while kk + 2 <= kc {
+            // Four steps a turn: the loop's own integer work issues on the FMA ports too.
+            while kk + 4 <= kc {
                 step(kk, &mut acc);
                 step(kk + 1, &mut acc);
-                kk += 2;
+                step(kk + 2, &mut acc);
+                step(kk + 3, &mut acc);
+                kk += 4;
             }
-            if kk < kc {
+            while kk < kc {
                 step(kk, &mut acc);
+                kk += 1;
             }
             for (r, row) in acc.iter().enumerate().take(rows) {
                 for (v, x) in row.iter().enumerate() {
