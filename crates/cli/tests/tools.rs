@@ -549,6 +549,15 @@ fn help_lists_the_new_commands_and_flags() {
         text.contains("calibrate") && text.contains("eval"),
         "{text}"
     );
+    // The environment settings that are no command's flag: the kernel cap with every name it takes.
+    let cap = text
+        .lines()
+        .find(|l| l.contains("KEV_ISA="))
+        .unwrap_or_else(|| panic!("no KEV_ISA in --help: {text}"));
+    for isa in kev_engine::kernels::Isa::ALL {
+        assert!(cap.contains(isa.name()), "{isa} missing from `{cap}`");
+    }
+    assert!(text.contains("KEV_LOG "), "{text}");
     let out = kev().args(["serve", "--help"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
