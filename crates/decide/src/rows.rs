@@ -3,50 +3,25 @@
 //! `Model.rows` returns it.
 
 use kev_tokenize::{KevTokenizer, Limits, TokenizeError};
+
+use crate::Refusal;
 use serde_json::{Map, Value, json};
 
-/// A request the server would refuse: the status from the contract's one status table and the body it
-/// would send.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Refused {
-    /// The HTTP status.
-    pub status: u16,
-    /// The response body.
-    pub body: Value,
-}
-
-impl Refused {
-    /// `{"status", "body"}`, as `kev rows` prints a refusal.
-    pub fn to_value(&self) -> Value {
-        json!({ "status": self.status, "body": self.body })
-    }
-}
-
-/// `Ok(Ok(rows))`; `Ok(Err(refused))` for a request the server would refuse; `Err` for a fault of ours
+/// `Ok(Ok(rows))`; `Ok(Err(refusal))` for a request the server would refuse (its status from the contract's table); `Err` for a fault of ours
 /// (the tokenizer failed on valid text).
 pub fn rows(
     tok: &KevTokenizer,
     body: &[u8],
     limits: &Limits,
-) -> Result<Result<Value, Refused>, TokenizeError> {
+) -> Result<Result<Value, Refusal>, TokenizeError> {
     let req = match kev_contract::parse_request(body) {
         Ok(r) => r,
-        Err(e) => {
-            return Ok(Err(Refused {
-                status: e.status(),
-                body: e.body(),
-            }));
-        }
+        Err(e) => return Ok(Err(e.into())),
     };
     let compiled = match tok.compile(&req, limits) {
         Ok(c) => c,
         Err(e @ TokenizeError::Encode(_)) => return Err(e),
-        Err(e) => {
-            return Ok(Err(Refused {
-                status: e.status(),
-                body: e.body(),
-            }));
-        }
+        Err(e) => return Ok(Err(e.into())),
     };
     let state_len = compiled.state_ids().len();
     let questions: Vec<Value> = req

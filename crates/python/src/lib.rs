@@ -148,7 +148,7 @@ impl Engine {
         });
         match out {
             Ok(Ok(v)) => Ok((200, text(&v))),
-            Ok(Err(refused)) => Ok((refused.status, text(&refused.body))),
+            Ok(Err(refused)) => Ok((refused.status(), text(&refused.body()))),
             Err(e) => Err(PyRuntimeError::new_err(e.to_string())),
         }
     }

@@ -34,7 +34,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (out, code) = match rows(&tok, &body, &limits)? {
         Ok(v) => (v, ExitCode::SUCCESS),
-        Err(refused) => (refused.to_value(), ExitCode::from(2)),
+        Err(refused) => (
+            serde_json::json!({ "status": refused.status(), "body": refused.body() }),
+            ExitCode::from(2),
+        ),
     };
     let mut stdout = std::io::stdout().lock();
     serde_json::to_writer(&mut stdout, &out)?;
@@ -84,8 +87,8 @@ mod tests {
         let refused = rows(&tok, b"{", &Limits::KEV)
             .expect("no fault")
             .expect_err("invalid");
-        assert_eq!(refused.status, 422);
-        assert_eq!(refused.body["detail"][0]["type"], json!("json_invalid"));
+        assert_eq!(refused.status(), 422);
+        assert_eq!(refused.body()["detail"][0]["type"], json!("json_invalid"));
 
         let small = Limits {
             max_state_tokens: 2,
@@ -94,9 +97,9 @@ mod tests {
         let refused = rows(&tok, body, &small)
             .expect("no fault")
             .expect_err("over the limit");
-        assert_eq!(refused.status, 422);
+        assert_eq!(refused.status(), 422);
         assert_eq!(
-            refused.body["detail"]["error_type"],
+            refused.body()["detail"]["error_type"],
             json!("invalid_request_error")
         );
     }
