@@ -329,6 +329,42 @@ fn batched_rows_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
     }
 }
 
+/// A batch wider than one MLP pass (1,056 rows) is split into passes, here in the middle of the second
+/// row and in the last layer (every position wanted): each row must keep the bits it has alone.
+#[test]
+fn mlp_passes_do_not_change_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg();
+    write(dir.path(), &c, false);
+    for kern in kernel_sets() {
+        let m = load_on(dir.path(), true, Some(kern));
+        let rows: Vec<Vec<u32>> = vec![tokens(600, c.vocab_size, 8), tokens(610, c.vocab_size, 9)];
+        let wanted: Vec<Vec<usize>> = rows.iter().map(|t| (0..t.len()).collect()).collect();
+        for arm in [Arm::Fp32, Arm::Bf16] {
+            let alone: Vec<Vec<f32>> = rows
+                .iter()
+                .zip(&wanted)
+                .map(|(t, w)| m.forward(arm, &mut m.new_state(), t, w).unwrap())
+                .collect();
+            let mut states = [m.new_state(), m.new_state()];
+            let mut batch: Vec<BatchRow<'_>> = states
+                .iter_mut()
+                .zip(rows.iter().zip(&wanted))
+                .map(|(s, (t, w))| BatchRow {
+                    state: s,
+                    tokens: t,
+                    wanted: w,
+                })
+                .collect();
+            let got = m.forward_batch(arm, &mut batch).unwrap();
+            assert!(
+                got == alone,
+                "{kern:?} {arm:?}: rows split across MLP passes differ from rows run alone"
+            );
+        }
+    }
+}
+
 /// A row's bits do not depend on how many threads compute it, on any instruction set.
 #[test]
 fn rows_do_not_depend_on_the_thread_count() {
