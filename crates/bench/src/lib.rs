@@ -80,17 +80,21 @@ pub enum PeerName {
     Llama,
     /// llama.cpp on its Q8_0 GGUF (8-bit weights).
     LlamaQ8,
+    /// llama.cpp on its F16 GGUF: the other half of issue 13's "fastest same-precision-class run" (on CPUs
+    /// without BF16 dot products llama.cpp's F16 path, F16C conversions, can beat its BF16 one).
+    LlamaF16,
     /// torch and llama.
     All,
 }
 
 impl PeerName {
     /// Every name, in the order `--help` lists them.
-    pub const ALL: [PeerName; 5] = [
+    pub const ALL: [PeerName; 6] = [
         PeerName::None,
         PeerName::Torch,
         PeerName::Llama,
         PeerName::LlamaQ8,
+        PeerName::LlamaF16,
         PeerName::All,
     ];
 
@@ -101,6 +105,7 @@ impl PeerName {
             PeerName::Torch => "torch",
             PeerName::Llama => "llama",
             PeerName::LlamaQ8 => "llama-q8",
+            PeerName::LlamaF16 => "llama-f16",
             PeerName::All => "all",
         }
     }
@@ -112,7 +117,9 @@ impl std::str::FromStr for PeerName {
         PeerName::ALL
             .into_iter()
             .find(|p| p.name() == s.trim())
-            .ok_or_else(|| format!("unknown peer `{s}` (none, torch, llama, llama-q8, all)"))
+            .ok_or_else(|| {
+                format!("unknown peer `{s}` (none, torch, llama, llama-q8, llama-f16, all)")
+            })
     }
 }
 
@@ -123,6 +130,8 @@ struct PeerChoice {
     llama: bool,
     /// llama.cpp on its Q8_0 conversion (8-bit weights), besides BF16.
     llama_q8: bool,
+    /// llama.cpp on its F16 conversion, besides BF16.
+    llama_f16: bool,
 }
 
 impl PeerChoice {
@@ -131,6 +140,7 @@ impl PeerChoice {
             torch: false,
             llama: false,
             llama_q8: false,
+            llama_f16: false,
         };
         for name in names {
             match name {
@@ -138,6 +148,7 @@ impl PeerChoice {
                 PeerName::Torch => c.torch = true,
                 PeerName::Llama => c.llama = true,
                 PeerName::LlamaQ8 => c.llama_q8 = true,
+                PeerName::LlamaF16 => c.llama_f16 = true,
                 PeerName::All => {
                     c.torch = true;
                     c.llama = true;
@@ -155,7 +166,7 @@ impl PeerChoice {
     }
 
     fn any(self) -> bool {
-        self.torch || self.llama || self.llama_q8
+        self.torch || self.llama || self.llama_q8 || self.llama_f16
     }
 }
 
@@ -534,10 +545,12 @@ mod tests {
         }
         assert_eq!(
             "vllm".parse::<PeerName>(),
-            Err("unknown peer `vllm` (none, torch, llama, llama-q8, all)".to_string())
+            Err("unknown peer `vllm` (none, torch, llama, llama-q8, llama-f16, all)".to_string())
         );
         let q8 = PeerChoice::of(&[PeerName::LlamaQ8]);
         assert!(q8.llama_q8 && !q8.llama && !q8.torch && q8.any());
+        let f16 = PeerChoice::of(&[PeerName::LlamaF16]);
+        assert!(f16.llama_f16 && !f16.llama && !f16.llama_q8 && f16.any());
     }
 
     #[test]

@@ -78,10 +78,28 @@ fn main() -> ExitCode {
             if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("kev: error: {err:#}");
+            eprintln!("kev: error: {}", describe(&err));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes on one line, `outer: inner: …`, each message once. Errors of the lower layers
+/// quote their source in their own message (`{path}: {source}`, so a log line or an HTTP body reads whole)
+/// and name it as their source too: a cause whose text already ends the line is not repeated.
+fn describe(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
@@ -101,5 +119,43 @@ fn init_tracing(format: &str) {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    /// Like the lower layers' `#[error("{path}: {source}")]` errors: quotes its source and names it.
+    #[derive(Debug)]
+    struct Quoting {
+        path: String,
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Quoting {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{}: {}", self.path, self.source)
+        }
+    }
+
+    impl std::error::Error for Quoting {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let err = anyhow::Error::new(Quoting {
+            path: "m/config.json".into(),
+            source: io,
+        })
+        .context("loading m");
+        assert_eq!(describe(&err), "loading m: m/config.json: no such file");
+        // A cause its wrapper does not quote is still said.
+        let err = anyhow::anyhow!("bad value").context("reading x");
+        assert_eq!(describe(&err), "reading x: bad value");
     }
 }

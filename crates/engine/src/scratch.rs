@@ -4,11 +4,28 @@
 //! attention block) are thread-local.
 //!
 //! Buffers are handed out with stale contents: every user overwrites what it reads.
+//!
+//! The workspace's buffers are [`AlignedBuf`]s, so the large ones (a 1,518-token row's activations are tens of
+//! megabytes) sit on transparent huge pages like the packed weights: the GEMM walks every row of its
+//! activations once per column panel, and on 4 KiB pages that walk misses the TLB on every row.
 
 use std::cell::RefCell;
 
-/// `v[..n]`, growing `v` if needed (contents unspecified).
-pub(crate) fn grow(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+use crate::kernels::buf::AlignedBuf;
+
+/// A workspace buffer.
+pub(crate) type Buf = AlignedBuf<f32>;
+
+/// `v[..n]`, replacing `v` by a larger buffer if needed (contents unspecified).
+pub(crate) fn grow(v: &mut Buf, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        *v = Buf::zeroed(n);
+    }
+    &mut v[..n]
+}
+
+/// [`grow`] for the small thread-local buffers, which stay ordinary vectors.
+fn grow_vec(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
         v.resize(n, 0.0);
     }
@@ -22,7 +39,7 @@ thread_local! {
 /// Run `f` with a thread-local buffer of `n` f32 (contents unspecified).
 pub(crate) fn with_tls<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     let mut buf = TLS.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    let r = f(grow(&mut buf, n));
+    let r = f(grow_vec(&mut buf, n));
     TLS.with(|c| {
         let mut b = c.borrow_mut();
         if b.capacity() < buf.capacity() {
@@ -35,33 +52,33 @@ pub(crate) fn with_tls<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 /// Buffers of the GDN mixer.
 #[derive(Debug, Default)]
 pub(crate) struct GdnScratch {
-    pub conv: Vec<f32>,
-    pub hist: Vec<f32>,
-    pub qn: Vec<f32>,
-    pub kn: Vec<f32>,
-    pub beta: Vec<f32>,
-    pub gl: Vec<f32>,
-    pub heads_out: Vec<f32>,
+    pub conv: Buf,
+    pub hist: Buf,
+    pub qn: Buf,
+    pub kn: Buf,
+    pub beta: Buf,
+    pub gl: Buf,
+    pub heads_out: Buf,
 }
 
 /// Buffers of the attention mixer.
 #[derive(Debug, Default)]
 pub(crate) struct AttnScratch {
-    pub q: Vec<f32>,
+    pub q: Buf,
     /// Per kv head: Kᵀ and V in panel layout (see `attention::run`).
-    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
+    pub kv: Vec<(Buf, Buf)>,
 }
 
 /// Every buffer of one forward call.
 #[derive(Debug, Default)]
 pub(crate) struct Workspace {
-    pub x: Vec<f32>,
-    pub hn: Vec<f32>,
-    pub proj: Vec<f32>,
-    pub core: Vec<f32>,
-    pub out: Vec<f32>,
-    pub gu: Vec<f32>,
-    pub act: Vec<f32>,
+    pub x: Buf,
+    pub hn: Buf,
+    pub proj: Buf,
+    pub core: Buf,
+    pub out: Buf,
+    pub gu: Buf,
+    pub act: Buf,
     pub gdn: GdnScratch,
     pub attn: AttnScratch,
 }
