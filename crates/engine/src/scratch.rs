@@ -7,7 +7,7 @@
 //!
 //! The workspace's buffers are [`AlignedBuf`]s, so the large ones (a 1,518-token row's activations are tens of
 //! megabytes) sit on transparent huge pages like the packed weights: the GEMM walks every row of its
-//! activations once per column panel, and on 4 KiB pages that walk misses the TLB on every row.
+//! activations once per column panel, and on 4 KiB pages that walk can take a TLB miss per row.
 
 use std::cell::RefCell;
 

@@ -64,8 +64,9 @@ struct BackboneArgs {
     #[arg(long, default_value_t = 1.0)]
     peak_seconds: f64,
     /// Peers to run after ours: `none`, `torch` (fp32 and bf16), `llama` (BF16 GGUF), `llama-q8` (its Q8_0
-    /// GGUF), `llama-f16` (its F16 GGUF), `all` (= torch,llama; comma-separated). The peers inherit the environment: on an AVX-512
-    /// machine, `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` and
+    /// GGUF), `llama-f16` (its F16 GGUF), `all` (= torch,llama; comma-separated). The peers inherit the
+    /// environment: on an AVX-512 machine,
+    /// `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` and
     /// `KEV_BENCH_LLAMA_ISA=avx2` (an AVX2-only llama.cpp build) make them run as on an AVX2-only CPU.
     #[arg(long, value_delimiter = ',', default_value = "all", value_parser = LibraryEnum::<PeerName>::new())]
     peers: Vec<PeerName>,
