@@ -1,17 +1,33 @@
-//! GEMM benchmark on the 4B projection shapes: kev's fp32 and bf16 arms (BF16 weights) against the `gemm`
-//! crate's f32 GEMM (weights pre-widened to f32, its best case). `cargo bench -p kev-engine --bench gemm`;
-//! `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions (median reported).
+//! GEMM benchmark on the 4B projection shapes: kev's fp32, bf16 and int8 arms (BF16 weights; int8 quantised
+//! from them) against the `gemm` crate's f32 GEMM (weights pre-widened to f32, its best case). `cargo bench
+//! -p kev-engine --bench gemm`; `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions
+//! (median reported), `KEV_BENCH_ARMS=fp32,bf16,int8,crate` the columns (all by default).
 
 use std::time::Instant;
 
-use kev_engine::kernels::peak::process_cpu_seconds;
+use kev_engine::kernels::int8::gemm_int8;
+use kev_engine::kernels::peak::{self, process_cpu_seconds};
 use kev_engine::kernels::{
-    Arm, Kernels, PackedMatrix, Rows, RowsMut, Run, bf16_bits, bf16_to_f32, gemm,
+    Arm, Kernels, PackedInt8, PackedMatrix, Rows, RowsMut, Run, bf16_bits, bf16_to_f32, gemm,
 };
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// Median wall seconds of `reps` runs of `f` after one warm-up, and the CPU seconds they took in all.
+fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
+    f();
+    let c0 = process_cpu_seconds();
+    let t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    (median(t), process_cpu_seconds() - c0)
 }
 
 fn main() {
@@ -24,17 +40,39 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
+    let arms: Vec<String> = std::env::var("KEV_BENCH_ARMS")
+        .unwrap_or_else(|_| "fp32,bf16,int8,crate".into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let on = |name: &str| arms.iter().any(|a| a == name);
     let kern = Kernels::detect();
     let threads = rayon::current_num_threads();
     println!(
-        "kernels {:?}, {threads} threads, median of {reps}",
+        "kernels {:?}, {threads} threads, median of {reps}; GF/s = GFLOP/s (int8: GOP/s, 2 per multiply-add)",
         kern.isa()
     );
+    // The ceilings the rates are read against, measured now (the machine may be shared).
+    let pk = peak::measure(kern, 1.0);
+    let int8_ceiling = pk.as_ref().and_then(|p| p.int8_gops);
+    if let Some(p) = &pk {
+        let chains: Vec<String> = p
+            .int8_by_chain
+            .iter()
+            .map(|(c, g)| format!("{c} {g:.0}"))
+            .collect();
+        println!(
+            "peak: fp32 FMA {:.0} GFLOP/s; int8 ceiling of the kernels' path {}; every int8 chain (GOP/s): {}",
+            p.fp32_gflops,
+            int8_ceiling.map_or("n/a".into(), |g| format!("{g:.0} GOP/s")),
+            chains.join(", ")
+        );
+    }
     println!(
-        "{:>5} {:>6} {:>5} | {:>14} {:>14} {:>14}",
-        "m", "n", "k", "kev fp32", "kev bf16", "gemm-crate f32"
+        "{:>5} {:>6} {:>5} | {:>14} {:>14} {:>14} {:>14}",
+        "m", "n", "k", "kev fp32", "kev bf16", "kev int8", "gemm-crate f32"
     );
-    // (n, k): GDN fused in_proj, GDN out_proj, MLP gate+up, MLP down.
+    // (n, k): GDN fused in_proj, GDN out_proj (and attention o_proj), MLP gate+up, MLP down.
     let shapes = [
         (12352usize, 2560usize),
         (2560, 4096),
@@ -53,87 +91,96 @@ fn main() {
             .map(|_| bf16_to_f32(bf16_bits(rnd() * 0.05)))
             .collect();
         let packed = PackedMatrix::from_f32(n, k, &w);
-        // The gemm crate wants W as a [k, n] right-hand side: use column stride k over the row-major W.
+        let q8 = on("int8").then(|| PackedInt8::from_f32(n, k, &w));
         for &m in &ms {
             // Rows padded by one cache line, as the engine lays out its activations.
             let lda = k + 16;
             let a: Vec<f32> = (0..m * lda).map(|_| rnd()).collect();
             let mut c = vec![0f32; m * n];
             let flops = 2.0 * (m * n * k) as f64;
-            let mut rates = Vec::new();
-            let mut cpu_rates = Vec::new();
+            let mut cols = Vec::new();
             for arm in [Arm::Fp32, Arm::Bf16] {
-                gemm(
-                    Run { kern, arm },
-                    Rows {
+                if !on(arm.name()) {
+                    cols.push(None);
+                    continue;
+                }
+                let run = Run { kern, arm };
+                cols.push(Some(time(reps, || {
+                    let a = Rows {
                         m,
                         data: &a,
                         ld: lda,
-                    },
-                    &packed,
-                    RowsMut {
-                        data: &mut c,
-                        ld: n,
-                    },
-                );
-                let c0 = process_cpu_seconds();
-                let t: Vec<f64> = (0..reps)
-                    .map(|_| {
-                        let s = Instant::now();
-                        gemm(
-                            Run { kern, arm },
-                            Rows {
-                                m,
-                                data: &a,
-                                ld: lda,
-                            },
-                            &packed,
-                            RowsMut {
-                                data: &mut c,
-                                ld: n,
-                            },
-                        );
-                        s.elapsed().as_secs_f64()
-                    })
-                    .collect();
-                cpu_rates.push(flops * reps as f64 / (process_cpu_seconds() - c0).max(1e-9) / 1e9);
-                rates.push(flops / median(t) / 1e9);
+                    };
+                    gemm(
+                        run,
+                        a,
+                        &packed,
+                        RowsMut {
+                            data: &mut c,
+                            ld: n,
+                        },
+                    );
+                })));
             }
-            let run_crate = |c: &mut [f32]| unsafe {
-                ::gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    c.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    a.as_ptr(),
-                    1,
-                    lda as isize,
-                    w.as_ptr(),
-                    k as isize,
-                    1,
-                    0.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    ::gemm::Parallelism::Rayon(threads),
-                )
-            };
-            run_crate(&mut c);
-            let t: Vec<f64> = (0..reps)
-                .map(|_| {
-                    let s = Instant::now();
-                    run_crate(&mut c);
-                    s.elapsed().as_secs_f64()
+            cols.push(
+                q8.as_ref()
+                    .map(|q| time(reps, || gemm_int8(kern, m, &a, lda, q, &mut c, n))),
+            );
+            // The gemm crate wants W as a [k, n] right-hand side: column stride k over the row-major W.
+            cols.push(on("crate").then(|| {
+                time(reps, || unsafe {
+                    ::gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        c.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        a.as_ptr(),
+                        1,
+                        lda as isize,
+                        w.as_ptr(),
+                        k as isize,
+                        1,
+                        0.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        ::gemm::Parallelism::Rayon(threads),
+                    )
                 })
-                .collect();
-            rates.push(flops / median(t) / 1e9);
+            }));
+            let rate = |c: &Option<(f64, f64)>| {
+                c.map_or(format!("{:>14}", "-"), |(t, _)| {
+                    format!("{:>8.1} GF/s", flops / t / 1e9)
+                })
+            };
+            let per_cpu = |c: &Option<(f64, f64)>| {
+                c.map_or("-".to_string(), |(_, cpu)| {
+                    format!("{:.0}", flops * reps as f64 / cpu.max(1e-9) / 1e9)
+                })
+            };
+            // int8 as a share of its ceiling: wall rate over the all-thread ceiling, and the rate per
+            // CPU-second over one thread's share of it (less distorted by other load).
+            let share = match (cols[2], int8_ceiling) {
+                (Some((t, cpu)), Some(g)) => format!(
+                    " ({:.0} % of the int8 ceiling; per CPU-s {:.0} %)",
+                    100.0 * flops / t / 1e9 / g,
+                    100.0 * flops * reps as f64 / cpu.max(1e-9) / 1e9 / (g / threads as f64)
+                ),
+                _ => String::new(),
+            };
             println!(
-                "{m:>5} {n:>6} {k:>5} | {:>8.1} GF/s {:>8.1} GF/s {:>8.1} GF/s | per CPU-s: fp32 {:.0}, bf16 {:.0}",
-                rates[0], rates[1], rates[2], cpu_rates[0], cpu_rates[1]
+                "{m:>5} {n:>6} {k:>5} | {} {} {} {} | per CPU-s: fp32 {}, bf16 {}, int8 {}{share}",
+                rate(&cols[0]),
+                rate(&cols[1]),
+                rate(&cols[2]),
+                rate(&cols[3]),
+                per_cpu(&cols[0]),
+                per_cpu(&cols[1]),
+                per_cpu(&cols[2]),
             );
         }
     }

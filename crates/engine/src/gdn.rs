@@ -321,7 +321,7 @@ fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], buf
                 return unsafe { zmm(kern, head, s, o, bufs) };
             }
             // SAFETY: as above.
-            Isa::Avx2 => return unsafe { ymm(kern, head, s, o, bufs) },
+            Isa::Avx2 | Isa::AvxVnni => return unsafe { ymm(kern, head, s, o, bufs) },
             _ => {}
         }
     }

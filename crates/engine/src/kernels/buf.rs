@@ -33,6 +33,8 @@ unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for i8 {}
 // SAFETY: as above.
 unsafe impl Zeroable for i32 {}
+// SAFETY: as above.
+unsafe impl Zeroable for i16 {}
 
 const ALIGN: usize = 64;
 /// Buffers this large or larger are huge-page mappings (see the module notes).

@@ -29,8 +29,9 @@ use super::{Arm, Kernels, SendPtr, bf16_bits};
 
 /// Rows per microkernel call.
 pub const MR: usize = 6;
-/// Inputs per block, fp32 arm (a widened block is `KC_F32 · 64 · 4` = 32 KiB).
-const KC_F32: usize = 128;
+/// The most inputs per block of the fp32 arm; the block used is chosen from the L1D size
+/// ([`kc_for_l1d`]).
+const KC_F32_MAX: usize = 256;
 /// Input pairs per block, bf16 arm (`KP_BF16 · 64 · 4` = 32 KiB of weights).
 const KP_BF16: usize = 128;
 /// Rows per pass over a panel: the activations of one input block (MC × 512 bytes) stay in L2.
@@ -159,12 +160,43 @@ fn gemm_f32(
     c: &mut [f32],
     ldc: usize,
 ) {
+    gemm_f32_kc(kern, kc_f32(), m, a, lda, w, c, ldc);
+}
+
+/// The fp32 arm's input block for this CPU: [`kc_for_l1d`] of the L1D size, found once.
+fn kc_f32() -> usize {
+    static KC: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KC.get_or_init(|| kc_for_l1d(super::cache::l1d_bytes()))
+}
+
+/// Inputs per block of the fp32 arm for an L1D of `l1d` bytes: the widened block (`kc · 64` f32) takes
+/// at most half of it, leaving the rest to the six activation rows of the block, the C tile and the
+/// next block's first lines; a multiple of 16 (whole pairs and cache lines), 32 to [`KC_F32_MAX`].
+/// 32 KiB → 64 (16 KiB of weights), 48 KiB → 96, 64 KiB → 128.
+pub(crate) fn kc_for_l1d(l1d: usize) -> usize {
+    (l1d / 2 / (NR * 4) / 16 * 16).clamp(32, KC_F32_MAX)
+}
+
+/// [`gemm_f32`] with input blocks of `kc` (a multiple of 16, at most [`KC_F32_MAX`]); the results do not
+/// depend on it (each output is one FMA chain in input order, carried through C between blocks).
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32_kc(
+    kern: Kernels,
+    kc: usize,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedMatrix,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    assert!(kc.is_multiple_of(16) && (16..=KC_F32_MAX).contains(&kc));
     let cp = SendPtr(c.as_mut_ptr());
     let ap = SendPtr(a.as_ptr() as *mut f32);
     // Each task computes whole panels (disjoint columns of C); the instruction set is entered per
     // panel, inside the task, because rayon's closures are not compiled for it.
     (0..w.panels()).into_par_iter().for_each_init(
-        || AlignedBuf::<f32>::zeroed(KC_F32 * NR),
+        || AlignedBuf::<f32>::zeroed(kc * NR),
         |buf, p| {
             dispatch(
                 kern,
@@ -176,6 +208,7 @@ fn gemm_f32(
                     lda,
                     c: cp.get(),
                     ldc,
+                    kcb: kc,
                     buf: &mut buf[..],
                 },
             )
@@ -184,7 +217,7 @@ fn gemm_f32(
 }
 
 /// One 64-output panel of the fp32 arm: `C[.., p·NR..] = A · W_pᵀ`. `a` and `c` are the extents checked
-/// by [`gemm`]; `buf` holds `KC_F32 · NR` f32.
+/// by [`gemm`]; `buf` holds `kc · NR` f32.
 struct PanelF32<'a> {
     w: &'a PackedMatrix,
     p: usize,
@@ -193,6 +226,8 @@ struct PanelF32<'a> {
     lda: usize,
     c: *mut f32,
     ldc: usize,
+    /// Inputs per block.
+    kcb: usize,
     buf: &'a mut [f32],
 }
 
@@ -208,6 +243,7 @@ impl Kernel for PanelF32<'_> {
             lda,
             c,
             ldc,
+            kcb,
             buf,
         } = self;
         let (n, k, kp) = (w.n(), w.k(), w.kp());
@@ -217,7 +253,7 @@ impl Kernel for PanelF32<'_> {
             if p >= w.panels() {
                 return &[];
             }
-            let kc = (k - kb).min(KC_F32);
+            let kc = (k - kb).min(kcb);
             match w.store() {
                 Store::Bf16(d) => {
                     let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
@@ -234,7 +270,7 @@ impl Kernel for PanelF32<'_> {
             let mc1 = (mc0 + MC).min(m);
             let mut kb = 0;
             while kb < k {
-                let kc = (k - kb).min(KC_F32);
+                let kc = (k - kb).min(kcb);
                 let bptr: *const f32 = match w.store() {
                     Store::Bf16(d) => {
                         let off = p * kp * NR * 2 + (kb / 2) * NR * 2;
@@ -726,6 +762,50 @@ mod tests {
                             assert!(c[i * ldc + n..i * ldc + ldc].iter().all(|x| x.is_nan()));
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The block chosen for a 32, 48 and 64 KiB L1D fits it with room for the six activation rows of
+    /// the block and the C tile, and every block gives the same bits.
+    #[test]
+    fn the_fp32_block_fits_the_l1d_and_does_not_change_a_bit() {
+        let mut blocks = Vec::new();
+        for kib in [32usize, 48, 64] {
+            let l1d = kib * 1024;
+            let kc = kc_for_l1d(l1d);
+            let bytes = kc * NR * 4 + MR * kc * 4 + MR * NR * 4;
+            assert!(bytes <= l1d, "{kib} KiB: block {kc} needs {bytes} bytes");
+            assert!(kc.is_multiple_of(16) && kc >= 32, "{kib} KiB: {kc}");
+            blocks.push(kc);
+        }
+        assert!(blocks.windows(2).all(|b| b[0] < b[1]), "{blocks:?}");
+        // Several whole blocks and a partial one at every size, with f32- and bf16-stored weights.
+        let (m, n, k) = (13, 130, 397);
+        let mut seed = 5;
+        let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        for bf16_weights in [true, false] {
+            let w: Vec<f32> = (0..n * k)
+                .map(|_| {
+                    let x = lcg(&mut seed);
+                    if bf16_weights {
+                        crate::kernels::bf16_to_f32(bf16_bits(x))
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            let pm = PackedMatrix::from_f32(n, k, &w);
+            for kern in all_kernels() {
+                let run = |kc: usize| {
+                    let mut c = vec![0f32; m * n];
+                    gemm_f32_kc(kern, kc, m, &a, k, &pm, &mut c, n);
+                    c.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let want = run(KC_F32_MAX);
+                for &kc in &blocks {
+                    assert!(run(kc) == want, "{kern:?} block {kc} (bf16 {bf16_weights})");
                 }
             }
         }

@@ -15,6 +15,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 pub mod buf;
+pub mod cache;
 pub mod gemm;
 pub mod int8;
 pub mod math;
@@ -28,6 +29,8 @@ pub(crate) mod simd;
 pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86_peak;
 
 pub use gemm::{Rows, RowsMut, Run, gemm};
 pub use int8::PackedInt8;
@@ -69,8 +72,9 @@ impl std::str::FromStr for Arm {
     }
 }
 
-/// Which instruction set the kernels use. On x86-64 the sets are ordered: each includes the ones
-/// before it.
+/// Which instruction set the kernels use, ordered by capability (the best one a CPU has is chosen).
+/// On x86-64 each set includes the ones before it, except that the AVX-512 sets do not require
+/// [`Isa::AvxVnni`]: they have the same instruction in its EVEX form (AVX512_VNNI), or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust, no explicit SIMD.
@@ -79,6 +83,9 @@ pub enum Isa {
     Neon,
     /// AVX2 + FMA (8 f32 lanes); BF16 dot products as exact f32 products.
     Avx2,
+    /// AVX2 + FMA plus AVX-VNNI (VEX `vpdpbusd` on ymm: Alder Lake and later, Zen 5): the int8 arm's
+    /// products on ymm `vpdpbusd`, everything else as AVX2.
+    AvxVnni,
     /// AVX-512F (16 lanes); BF16 dot products as exact f32 products.
     Avx512,
     /// AVX-512F plus AVX512_BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`).
@@ -95,6 +102,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Neon => "neon",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
             Isa::Amx => "amx",
@@ -102,10 +110,11 @@ impl Isa {
     }
 
     /// Every instruction set, weakest first.
-    pub const ALL: [Isa; 6] = [
+    pub const ALL: [Isa; 7] = [
         Isa::Portable,
         Isa::Neon,
         Isa::Avx2,
+        Isa::AvxVnni,
         Isa::Avx512,
         Isa::Avx512Bf16,
         Isa::Amx,
@@ -122,7 +131,8 @@ impl std::str::FromStr for Isa {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Isa::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
-            format!("unknown instruction set `{s}` (portable, avx2, avx512, avx512bf16, amx, neon)")
+            let names: Vec<&str> = Isa::ALL.iter().map(|i| i.name()).collect();
+            format!("unknown instruction set `{s}` ({})", names.join(", "))
         })
     }
 }
@@ -134,7 +144,7 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// The best kernels this CPU supports, capped by `KEV_ISA` (`portable`, `avx2`, `avx512`,
+    /// The best kernels this CPU supports, capped by `KEV_ISA` (`portable`, `avx2`, `avxvnni`, `avx512`,
     /// `avx512bf16`, `amx`, `neon`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
     /// the CPU has, or an unknown name, leaves the best choice (and says so in the log).
     pub fn detect() -> Self {
@@ -165,6 +175,7 @@ impl Kernels {
                 Isa::Portable => true,
                 Isa::Neon => false,
                 Isa::Avx2 => has!("avx2") && has!("fma"),
+                Isa::AvxVnni => has!("avx2") && has!("fma") && has!("avxvnni"),
                 Isa::Avx512 => has!("avx512f") && has!("avx2") && has!("fma"),
                 Isa::Avx512Bf16 => has!("avx512f") && has!("avx512bf16"),
                 Isa::Amx => has!("avx512f") && has!("avx512bf16") && amx::available(),
@@ -240,7 +251,7 @@ pub(crate) fn wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
             // SAFETY: AVX-512F checked.
             return unsafe { run(f) };
         }
-        Isa::Avx2 => {
+        Isa::Avx2 | Isa::AvxVnni => {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn run<R>(f: impl FnOnce() -> R) -> R {
                 f()

@@ -154,3 +154,93 @@ impl Simd for Neon {
         }
     }
 }
+
+/// The int8 arm's microkernel on the dot-product extension (`sdot`, ARMv8.2 DotProd): s8 × s8 with i32
+/// accumulation, so neither operand is shifted and no correction is needed. A 128-bit weight load is 4
+/// outputs × 4 inputs; the indexed form takes row `r`'s four activations straight from a lane of the
+/// loaded group (rows 0–3 in one register, 4–5 in another), so there is no broadcast. 6 rows × 4 vectors
+/// (16 outputs) = 24 accumulators of the 32 registers, four column blocks; the sums are kept as
+/// `[4][6][16]` i32 (`Path::acc_cols` = 16).
+///
+/// # Safety
+/// DotProd; `a` addresses `kg · 6 · 4` bytes (six rows interleaved by input group), `b` `kg · 64 · 4`,
+/// `acc` `6 · 64` i32; rows past `rows ≤ 6` are computed and not stored.
+#[target_feature(enable = "neon,dotprod")]
+pub(crate) unsafe fn ukr_sdot(
+    kg: usize,
+    a: *const i8,
+    b: *const i8,
+    acc: *mut i32,
+    rows: usize,
+    load: bool,
+) {
+    use super::int8::{G, MR8};
+    use super::pack::NR;
+    // SAFETY: extents as documented.
+    unsafe {
+        for jb in 0..NR / 16 {
+            let at = |r: usize, v: usize| acc.add(jb * MR8 * 16 + r * 16 + 4 * v);
+            let mut c = [[vdupq_n_s32(0); 4]; MR8];
+            if load {
+                for (r, row) in c.iter_mut().enumerate().take(rows) {
+                    for (v, x) in row.iter_mut().enumerate() {
+                        *x = vld1q_s32(at(r, v));
+                    }
+                }
+            }
+            for g in 0..kg {
+                let bp = b.add(g * NR * G + jb * 16 * G);
+                let bv = [
+                    vld1q_s8(bp),
+                    vld1q_s8(bp.add(16)),
+                    vld1q_s8(bp.add(32)),
+                    vld1q_s8(bp.add(48)),
+                ];
+                let ap = a.add(g * MR8 * G);
+                let lo = vld1q_s8(ap);
+                // Rows 4 and 5 (8 bytes), read as the low half of a register.
+                let hi = vcombine_s8(vld1_s8(ap.add(16)), vdup_n_s8(0));
+                macro_rules! row {
+                    ($r:expr, $src:expr, $lane:expr) => {
+                        for (v, x) in c[$r].iter_mut().enumerate() {
+                            *x = sdot_lane::<$lane>(*x, bv[v], $src);
+                        }
+                    };
+                }
+                row!(0, lo, 0);
+                row!(1, lo, 1);
+                row!(2, lo, 2);
+                row!(3, lo, 3);
+                row!(4, hi, 0);
+                row!(5, hi, 1);
+            }
+            for (r, row) in c.iter().enumerate().take(rows) {
+                for (v, x) in row.iter().enumerate() {
+                    vst1q_s32(at(r, v), *x);
+                }
+            }
+        }
+    }
+}
+
+/// `acc + sdot(w, a.4b[L])`: each i32 lane `i` of `acc` plus the dot product of bytes `4i..4i+4` of `w`
+/// with bytes `4L..4L+4` of `a`. Assembly, as the `vdotq_laneq_s32` intrinsic is not stable Rust yet.
+///
+/// # Safety
+/// DotProd.
+#[inline(always)]
+unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: register arithmetic; DotProd is the caller's contract.
+    unsafe {
+        std::arch::asm!(
+            "sdot {acc:v}.4s, {w:v}.16b, {a:v}.4b[{l}]",
+            acc = inout(vreg) acc,
+            w = in(vreg) w,
+            a = in(vreg) a,
+            l = const L,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}

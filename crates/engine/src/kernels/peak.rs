@@ -1,8 +1,11 @@
 //! Machine peak, measured: f32 FMA throughput of every vector width the CPU has (ymm on AVX2, zmm on
-//! AVX-512, NEON's q registers), BF16 dot-product throughput and, with AMX, the tile products' throughput, on all cores, with 12 independent
-//! accumulator chains per thread (the micro-benchmark of peers-notes Appendix A, in Rust). The bench
-//! reports achieved GFLOP/s as a share of the peak of the instruction set it ran, measured in the same
-//! run.
+//! AVX-512, NEON's q registers), BF16 dot-product throughput and, with AMX, the tile products' throughput,
+//! on all cores, with 12 independent accumulator chains per thread (the micro-benchmark of peers-notes
+//! Appendix A, in Rust). The int8 ceilings are the same kind of loop over the integer chains the int8
+//! kernels are built from (`x86_peak.rs`): on AVX2 `vpmaddubsw → vpmaddwd → vpaddd` (the classic chain),
+//! its pair-sum variant, and `vpmaddwd → vpaddd` on i16 operands (what kev's AVX2 kernel runs); with VNNI
+//! `vpdpbusd` on zmm and ymm. The bench reports achieved GFLOP/s (GOP/s) as a share of the peak of the
+//! instruction set it ran, measured in the same run.
 
 use std::time::Instant;
 
@@ -28,12 +31,23 @@ pub struct Peak {
     /// f32 FMA peak of every SIMD instruction set this CPU has (`avx2` = ymm, `avx512` = zmm, `neon`),
     /// whichever the kernels use.
     pub fp32_by_isa: Vec<(String, f64)>,
+    /// The int8 ceiling of the kernels' int8 path in GOP/s (2 per multiply-add), all threads: the
+    /// register-resident rate of the instruction chain its microkernel runs (AMX: the tile peak); `None`
+    /// for the portable path.
+    pub int8_gops: Option<f64>,
+    /// Every int8 chain this CPU has, by name (`avx2 maddubsw`, `avx2 pair-sum`, `avx2 maddwd`, `vnni
+    /// zmm`, `vnni ymm`, `avx-vnni ymm`), GOP/s on all threads.
+    pub int8_by_chain: Vec<(String, f64)>,
 }
 
-/// CPU seconds used by this process so far, all threads (`/proc/self/stat`, 100 Hz ticks); 0 where the
-/// platform has no procfs. Benchmarks divide work by it as well as by wall time: a rate per CPU-second is
-/// distorted less by other load on the machine.
+/// CPU seconds used by this process so far, all threads: the scheduler's nanosecond run times
+/// (`/proc/self/task/*/schedstat`) where Linux keeps them, else `/proc/self/stat`'s 100 Hz ticks; 0
+/// where the platform has no procfs. Benchmarks divide work by it as well as by wall time: a rate per
+/// CPU-second is distorted less by other load on the machine.
 pub fn process_cpu_seconds() -> f64 {
+    if let Some(s) = schedstat_seconds() {
+        return s;
+    }
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the `(comm)`, which may itself hold spaces: utime and stime are the 12th and 13th.
     let fields: Vec<&str> = stat
@@ -51,6 +65,27 @@ pub fn process_cpu_seconds() -> f64 {
     (tick(11) + tick(12)) / 100.0
 }
 
+/// Σ over this process's threads of their time on a CPU, from `schedstat` (its first field, in ns).
+/// Threads that ended are not counted, so this is for processes whose worker threads live on (rayon's).
+fn schedstat_seconds() -> Option<f64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        total += first_field(&std::fs::read_to_string(path).ok()?)?;
+    }
+    Some(total as f64 * 1e-9)
+}
+
+/// Seconds the calling thread has been on a CPU (`/proc/thread-self/schedstat`), if Linux keeps it.
+fn thread_cpu_seconds() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    Some(first_field(&s)? as f64 * 1e-9)
+}
+
+fn first_field(s: &str) -> Option<u64> {
+    s.split_whitespace().next()?.parse().ok()
+}
+
 /// Run each loop for about `seconds` on every rayon thread and report the aggregate rate; `None` for
 /// the portable kernels (no vector peak to speak of).
 pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
@@ -62,7 +97,7 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
     for isa in [Isa::Neon, Isa::Avx2, Isa::Avx512] {
         if let Some(k) = Kernels::with_isa(isa) {
             let lanes = dispatch(k, Lanes);
-            let r = rate(threads, seconds, 12.0 * lanes as f64 * 2.0, |it| {
+            let r = rate(seconds, 12.0 * lanes as f64 * 2.0, |it| {
                 dispatch(k, FmaLoop(it))
             });
             by_isa.push((isa.name().to_string(), r));
@@ -70,6 +105,7 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
     }
     let own = match kern.isa() {
         Isa::Avx512Bf16 | Isa::Amx => Isa::Avx512,
+        Isa::AvxVnni => Isa::Avx2,
         i => i,
     };
     let fp32 = by_isa
@@ -78,7 +114,7 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
         .map(|(_, r)| *r)?;
     #[cfg(target_arch = "x86_64")]
     let bf16 = kern.avx512bf16().then(|| {
-        rate(threads, seconds, 12.0 * 32.0 * 2.0, |it| {
+        rate(seconds, 12.0 * 32.0 * 2.0, |it| {
             // SAFETY: AVX512_BF16 checked.
             unsafe { super::x86::peak_bf16(it) }
         })
@@ -91,19 +127,17 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
         // 4 tile products per round, 16 × 16 outputs of 32 (bf16) or 64 (int8) multiply-adds each.
         let per = |depth: f64| 4.0 * 16.0 * 16.0 * depth * 2.0;
         // SAFETY: AMX checked (`Kernels::amx`).
-        let b = rate(threads, seconds, per(32.0), |it| unsafe {
-            peak(Product::Bf16, it)
-        });
+        let b = rate(seconds, per(32.0), |it| unsafe { peak(Product::Bf16, it) });
         // SAFETY: as above.
-        let i = rate(threads, seconds, per(64.0), |it| unsafe {
-            peak(Product::Int8, it)
-        });
+        let i = rate(seconds, per(64.0), |it| unsafe { peak(Product::Int8, it) });
         (Some(b), Some(i))
     } else {
         (None, None)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let (amx_bf16, amx_int8) = (None, None);
+    let (int8_by_chain, int8) = int8_ceilings(kern, seconds);
+    let int8 = if kern.amx() { amx_int8 } else { int8 };
     Some(Peak {
         threads,
         isa: kern.isa().name().to_string(),
@@ -112,7 +146,35 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
         amx_bf16_gflops: amx_bf16,
         amx_int8_gops: amx_int8,
         fp32_by_isa: by_isa,
+        int8_gops: int8,
+        int8_by_chain,
     })
+}
+
+/// The int8 chains of this CPU (name, GOP/s) and the rate of the one the kernels' int8 path runs.
+#[cfg(target_arch = "x86_64")]
+fn int8_ceilings(kern: Kernels, seconds: f64) -> (Vec<(String, f64)>, Option<f64>) {
+    use super::x86_peak::{Chain, run};
+    let own = super::int8::Path::of(kern).chain();
+    let mut out = Vec::new();
+    let mut mine = None;
+    for chain in Chain::available() {
+        // SAFETY: `Chain::available` lists only chains whose instructions this CPU has.
+        let r = rate(seconds, chain.macs() * 2.0, |it| {
+            unsafe { run(chain, it) };
+            0.0
+        });
+        if own == Some(chain) {
+            mine = Some(r);
+        }
+        out.push((chain.name().to_string(), r));
+    }
+    (out, mine)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn int8_ceilings(_: Kernels, _: f64) -> (Vec<(String, f64)>, Option<f64>) {
+    (Vec::new(), None)
 }
 
 struct Lanes;
@@ -152,22 +214,36 @@ impl Kernel for FmaLoop {
     }
 }
 
-fn rate(threads: usize, seconds: f64, flops_per_iter: f64, f: impl Fn(u64) -> f32 + Sync) -> f64 {
+/// The aggregate rate of `f` on every thread. Each thread's rate is its work over its own time on a
+/// CPU where Linux reports it (else over the wall time), so a peak is not lowered by other processes
+/// sharing the cores: it is what the threads do while they run.
+fn rate(seconds: f64, flops_per_iter: f64, f: impl Fn(u64) -> f32 + Sync) -> f64 {
     // Calibrate on one thread, then run all threads at once.
     let mut iters = 1u64 << 16;
     loop {
         let t = Instant::now();
+        let c = thread_cpu_seconds();
         std::hint::black_box(f(iters));
-        let dt = t.elapsed().as_secs_f64();
+        let dt = match (c, thread_cpu_seconds()) {
+            (Some(a), Some(b)) if b > a => b - a,
+            _ => t.elapsed().as_secs_f64(),
+        };
         if dt > 0.05 {
             iters = ((iters as f64) * seconds / dt).max(1.0) as u64;
             break;
         }
         iters *= 4;
     }
-    let t = Instant::now();
-    let sink: f32 = rayon::broadcast(|_| f(iters)).into_iter().sum();
-    let dt = t.elapsed().as_secs_f64();
-    std::hint::black_box(sink);
-    threads as f64 * iters as f64 * flops_per_iter / dt / 1e9
+    let per_thread: Vec<f64> = rayon::broadcast(|_| {
+        let t = Instant::now();
+        let c = thread_cpu_seconds();
+        std::hint::black_box(f(iters));
+        let wall = t.elapsed().as_secs_f64();
+        let dt = match (c, thread_cpu_seconds()) {
+            (Some(a), Some(b)) if b > a => b - a,
+            _ => wall,
+        };
+        iters as f64 * flops_per_iter / dt / 1e9
+    });
+    per_thread.iter().sum()
 }

@@ -122,7 +122,7 @@ pub(crate) fn dispatch<K: Kernel>(kern: Kernels, k: K) -> K::Out {
             unsafe { super::x86::on_avx512(k) }
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
+        Isa::Avx2 | Isa::AvxVnni => {
             // SAFETY: as above.
             unsafe { super::x86::on_avx2(k) }
         }
@@ -293,7 +293,8 @@ mod tests {
             for n in [1, 5, 8, 15, 16, 17, 33] {
                 let (isa, out) = dispatch(kern, Probe(n));
                 let same = isa == kern.isa()
-                    || (isa == Isa::Avx512 && matches!(kern.isa(), Isa::Avx512Bf16 | Isa::Amx));
+                    || (isa == Isa::Avx512 && matches!(kern.isa(), Isa::Avx512Bf16 | Isa::Amx))
+                    || (isa == Isa::Avx2 && kern.isa() == Isa::AvxVnni);
                 assert!(same, "{:?} ran as {isa:?}", kern.isa());
                 assert!(out[n].is_nan(), "{isa:?}: wrote past the end");
                 for (i, got) in out.iter().enumerate().take(n) {

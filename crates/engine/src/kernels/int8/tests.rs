@@ -1,4 +1,6 @@
+use super::drive::{Path, gemm_int8_on};
 use super::*;
+use crate::kernels::Kernels;
 
 fn lcg(seed: &mut u64) -> f32 {
     *seed = seed
@@ -22,10 +24,12 @@ fn naive(m: usize, a: &[f32], lda: usize, w: &PackedInt8) -> Vec<f32> {
     out
 }
 
+/// Every (kernels, path) pair this CPU can run: each instruction set's own path, and the paths only
+/// the tests choose (the ymm VNNI kernel in its EVEX form).
 fn paths() -> Vec<(Kernels, Path)> {
     let v: Vec<(Kernels, Path)> = Kernels::available()
         .into_iter()
-        .map(|k| (k, Path::of(k)))
+        .flat_map(|k| std::iter::once((k, Path::of(k))).chain(Path::extra(k).map(|p| (k, p))))
         .collect();
     // The SIMD paths this CPU has must be among those tested.
     #[cfg(target_arch = "x86_64")]
@@ -37,9 +41,19 @@ fn paths() -> Vec<(Kernels, Path)> {
         if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
             assert!(v.iter().any(|(_, p)| *p == Path::Vnni512));
         }
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+            assert!(v.iter().any(|(_, p)| *p == Path::VnniYmmEvex));
+        }
+        if has!("avxvnni") && has!("avx2") && has!("fma") {
+            assert!(v.iter().any(|(_, p)| *p == Path::VnniYmm));
+        }
         if crate::kernels::amx::available() {
             assert!(v.iter().any(|(_, p)| *p == Path::Amx));
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        assert!(v.iter().any(|(_, p)| *p == Path::NeonDot));
     }
     v
 }
@@ -67,7 +81,7 @@ fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
             let want = naive(m, &a, lda, &w);
             let ldc = n + 5;
             let mut c = vec![f32::NAN; m * ldc];
-            gemm_int8(kern, m, &a, lda, &w, &mut c, ldc);
+            gemm_int8_on(kern, path, m, &a, lda, &w, &mut c, ldc);
             for i in 0..m {
                 for j in 0..n {
                     assert_eq!(
@@ -107,7 +121,7 @@ fn extreme_values_do_not_saturate() {
     let want = naive(m, &a, k, &w);
     for (kern, path) in paths() {
         let mut c = vec![0f32; m * n];
-        gemm_int8(kern, m, &a, k, &w, &mut c, n);
+        gemm_int8_on(kern, path, m, &a, k, &w, &mut c, n);
         assert_eq!(
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -125,14 +139,14 @@ fn rows_do_not_depend_on_their_batch() {
     let w = PackedInt8::from_f32(n, k, &wv);
     for (kern, path) in paths() {
         let mut all = vec![0f32; m * n];
-        gemm_int8(kern, m, &a, k, &w, &mut all, n);
+        gemm_int8_on(kern, path, m, &a, k, &w, &mut all, n);
         for start in [0, 1, 5, 17] {
             for len in [1, 2, 4, 6, 7] {
                 if start + len > m {
                     continue;
                 }
                 let mut part = vec![0f32; len * n];
-                gemm_int8(kern, len, &a[start * k..], k, &w, &mut part, n);
+                gemm_int8_on(kern, path, len, &a[start * k..], k, &w, &mut part, n);
                 assert_eq!(
                     &part[..],
                     &all[start * n..(start + len) * n],
@@ -210,7 +224,7 @@ fn smoothing_is_bit_equal_on_every_path_and_tames_outlier_channels() {
     };
     for (kern, path) in paths() {
         let mut c = vec![0f32; m * n];
-        gemm_int8(kern, m, &a, k, &smooth, &mut c, n);
+        gemm_int8_on(kern, path, m, &a, k, &smooth, &mut c, n);
         assert_eq!(
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -261,7 +275,7 @@ fn clip_search_lowers_the_rounding_error_and_stays_bit_equal() {
     let want = naive(m, &a, k, &clipped);
     for (kern, path) in paths() {
         let mut c = vec![0f32; m * n];
-        gemm_int8(kern, m, &a, k, &clipped, &mut c, n);
+        gemm_int8_on(kern, path, m, &a, k, &clipped, &mut c, n);
         assert_eq!(
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -288,4 +302,55 @@ fn packing_round_trips_the_quantised_values() {
     let mut out = vec![f32::NAN; 3];
     gemm_int8(Kernels::portable(), 1, &[1.0; 5], 5, &zero, &mut out, 3);
     assert_eq!(out, vec![0.0; 3]);
+}
+
+/// The vectorised quantisation the x86 paths run gives the bytes of the definition, `quantize_row`, in
+/// every stored form: odd lengths (vector body and scalar tail), smoothing, a NaN among finite values,
+/// all zeros, an infinity.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vectorised_quantisation_is_the_definition() {
+    use crate::kernels::x86_int8::{QForm, quantize_avx2};
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        println!("skipped: no AVX2 on this CPU; the vectorised quantisation was not run");
+        return;
+    }
+    let mut seed = 17;
+    for n in [1usize, 7, 8, 9, 31, 64, 300, 1027] {
+        for case in 0..5 {
+            let mut x: Vec<f32> = (0..n).map(|_| lcg(&mut seed) * 9.0).collect();
+            match case {
+                2 => x[n / 2] = f32::NAN,
+                3 => x.fill(0.0),
+                4 => x[n - 1] = f32::INFINITY,
+                _ => {}
+            }
+            let u: Vec<f32> = (0..n).map(|_| 0.5 + lcg(&mut seed).abs()).collect();
+            let unsmooth = (case == 1).then_some(&u[..]);
+            let kg = n.div_ceil(G) + 1;
+            for form in [QForm::I16, QForm::I8, QForm::U8Shifted] {
+                let shift = form == QForm::U8Shifted;
+                let mut want = vec![0u8; kg * G];
+                let sw = quantize_row(&x, unsmooth, &mut want[..n], shift);
+                want[n..].fill(if shift { 128 } else { 0 });
+                // Groups 3 apart, as in a six-row group of i16 or a two-row one of bytes.
+                let eb = if form == QForm::I16 { 2 } else { 1 };
+                let stride = 3 * G * eb;
+                let mut got = vec![0xA5u8; kg * stride];
+                // SAFETY: AVX2 checked; `kg · 4 ≥ n`, every group inside `got`.
+                let sg = unsafe { quantize_avx2(&x, unsmooth, kg, got.as_mut_ptr(), stride, form) };
+                assert_eq!(sw.to_bits(), sg.to_bits(), "n {n} case {case} {form:?}");
+                for (k, &wk) in want.iter().enumerate() {
+                    let at = (k / G) * stride + (k % G) * eb;
+                    let v = if eb == 2 {
+                        i16::from_le_bytes([got[at], got[at + 1]]) as i32
+                    } else {
+                        got[at] as i32
+                    };
+                    let w = if eb == 2 { wk as i8 as i32 } else { wk as i32 };
+                    assert_eq!(v, w, "n {n} case {case} {form:?} input {k}");
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,732 @@
+//! The int8 GEMM's drivers: activation quantisation into the layout the path reads, the panel loop,
+//! and dequantisation (the scheme is in the parent module's documentation).
+//!
+//! Blocking (every path but AMX): threads take whole 64-output panels; inside a panel, rows go in passes
+//! of [`MC`] (their i32 sums stay in L2), inputs in blocks whose weights stay in L1 while every row
+//! group of the pass uses them, and each group of up to six rows runs the path's microkernel over the
+//! block. The AVX2 path first widens the block's weights to i16 in an L1 buffer (once per block and
+//! pass, amortised over its rows), because its products are `vpmaddwd` on i16 operands.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::super::buf::AlignedBuf;
+use super::super::pack::NR;
+use super::super::simd::{Kernel, Simd};
+use super::super::{Isa, Kernels, SendPtr};
+use super::{G, PackedInt8, quantize_row};
+
+/// Rows per pass over a panel (their i32 accumulators, `MC · 64 · 4` bytes = 66 KiB, stay in L2).
+const MC: usize = 264;
+/// Rows per microkernel call.
+pub(crate) const MR8: usize = 6;
+
+/// Which integer product the kernels use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Path {
+    /// Plain i32 multiply-adds (the reference).
+    Portable,
+    /// AVX2 `vpmaddwd` on i16 activations and weights widened to i16 per block, `vpaddd`.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` on ymm (VEX).
+    #[cfg(target_arch = "x86_64")]
+    VnniYmm,
+    /// The same microkernel compiled for AVX512_VNNI + VL (EVEX): run by the tests on AVX-512 machines,
+    /// so the ymm kernel's code is checked where AVX-VNNI is absent.
+    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(not(test), allow(dead_code))]
+    VnniYmmEvex,
+    /// AVX-512 VNNI `vpdpbusd` on zmm.
+    #[cfg(target_arch = "x86_64")]
+    Vnni512,
+    /// AMX `tdpbssd` (s8 × s8) on tiles of 32 rows × 32 outputs × 64 inputs.
+    #[cfg(target_arch = "x86_64")]
+    Amx,
+    /// aarch64 DotProd `sdot` (s8 × s8, indexed by row).
+    #[cfg(target_arch = "aarch64")]
+    NeonDot,
+}
+
+impl Path {
+    pub(crate) fn of(kern: Kernels) -> Path {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            match kern.isa() {
+                Isa::Amx => return Path::Amx,
+                Isa::Avx512 | Isa::Avx512Bf16
+                    if has!("avx512vnni") && has!("avx512bw") && has!("avx512f") =>
+                {
+                    return Path::Vnni512;
+                }
+                Isa::AvxVnni => return Path::VnniYmm,
+                Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => return Path::Avx2,
+                _ => {}
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if kern.isa() == Isa::Neon && std::arch::is_aarch64_feature_detected!("dotprod") {
+            return Path::NeonDot;
+        }
+        let _ = (kern, Isa::Portable);
+        Path::Portable
+    }
+
+    /// Every path this CPU can run with `kern`'s instruction set or below it, beside the one
+    /// [`Path::of`] picks: what the tests loop over.
+    #[cfg(test)]
+    pub(crate) fn extra(kern: Kernels) -> Option<Path> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if Path::of(kern) == Path::Vnni512 && has!("avx512vl") {
+                return Some(Path::VnniYmmEvex);
+            }
+        }
+        let _ = kern;
+        None
+    }
+
+    /// Activations stored as `q_a + 128` (u8, the unsigned operand of `vpdpbusd`).
+    fn shift(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self, Path::Vnni512 | Path::VnniYmm | Path::VnniYmmEvex) {
+            return true;
+        }
+        false
+    }
+
+    /// Bytes per stored activation.
+    fn a_bytes(self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Avx2 {
+            return 2;
+        }
+        1
+    }
+
+    /// Input groups per block: the block's weights (as the kernel reads them) take 16 KiB of L1.
+    fn kg_block(self) -> usize {
+        64 / self.a_bytes()
+    }
+
+    /// i32 sums kept per output between blocks: the AVX2 kernel keeps one per input pair of its
+    /// groups, added when the sums are dequantised.
+    fn lanes(self) -> usize {
+        self.a_bytes()
+    }
+
+    /// Outputs per column block of the microkernel: a group of six rows keeps its sums as
+    /// `[NR / cols][6][cols][lanes]` i32, so each column block's tile is one contiguous stretch.
+    fn acc_cols(self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            Path::Avx2 => return 8,
+            Path::VnniYmm | Path::VnniYmmEvex => return 16,
+            _ => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if self == Path::NeonDot {
+            return 16;
+        }
+        NR
+    }
+
+    /// Tile blocks (rows, groups per step) where the path runs on AMX tiles.
+    fn tile(self) -> Option<(usize, usize)> {
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Amx {
+            return Some((super::super::amx::ROWS, super::super::amx::STEP));
+        }
+        None
+    }
+
+    /// The register-resident chain the path's microkernel is built from (its ceiling in `peak`).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn chain(self) -> Option<super::super::x86_peak::Chain> {
+        use super::super::x86_peak::Chain;
+        match self {
+            Path::Avx2 => Some(Chain::MaddwdAvx2),
+            Path::VnniYmm => Some(Chain::VnniYmmVex),
+            Path::VnniYmmEvex => Some(Chain::VnniYmmEvex),
+            Path::Vnni512 => Some(Chain::VnniZmm),
+            Path::Portable | Path::Amx => None,
+        }
+    }
+}
+
+thread_local! {
+    /// The quantised activations (bytes, in i16 units so the AVX2 path's view is aligned) and scales.
+    static SCRATCH: RefCell<(Vec<i16>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A worker's i32 sums of one row pass and its widened weight block: kept per thread, because
+    /// buffers made per task were returned to the OS and faulted in again on every call (4 % of a call).
+    static PANEL: RefCell<(AlignedBuf<i32>, AlignedBuf<i16>)> =
+        RefCell::new((AlignedBuf::zeroed(2 * MC * NR), AlignedBuf::zeroed(128 / 2 * NR * G)));
+}
+
+/// `C[i, j] = Σ_k A[i, k] · W[j, k]` through int8, for `i < m`, `j < w.n()`; strides as in
+/// [`super::super::gemm`].
+pub fn gemm_int8(
+    kern: Kernels,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    gemm_int8_on(kern, Path::of(kern), m, a, lda, w, c, ldc);
+}
+
+/// [`gemm_int8`] on a given path (the tests choose paths [`Path::of`] would not).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_int8_on(
+    kern: Kernels,
+    path: Path,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let (n, k) = (w.n, w.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        lda >= k && a.len() >= (m - 1) * lda + k,
+        "gemm_int8: A too short"
+    );
+    assert!(
+        ldc >= n && c.len() >= (m - 1) * ldc + n,
+        "gemm_int8: C too short"
+    );
+    SCRATCH.with(|s| {
+        let (mut qa, mut sa) = std::mem::take(&mut *s.borrow_mut());
+        let eb = path.a_bytes();
+        let fill = if path.shift() { 128u8 } else { 0 };
+        // AMX: rows of whole tile steps plus one cache line (no 4 KiB-multiple strides), padded with
+        // zero rows to whole tile blocks. Elsewhere: groups of MR8 rows interleaved by input group,
+        // `[m / 6][kg][6][4]` (the microkernel's broadcasts then read one sequential stream), the last
+        // group padded with rows that are computed but never stored.
+        let (lq, len) = match path.tile() {
+            Some((rows, groups)) => {
+                let lq = w.kg.div_ceil(groups) * groups * G + 64;
+                (lq, m.div_ceil(rows) * rows * lq)
+            }
+            None => {
+                let lq = w.kg * MR8 * G * eb;
+                (lq, m.div_ceil(MR8) * lq)
+            }
+        };
+        qa.resize(len.div_ceil(2), 0);
+        sa.clear();
+        sa.resize(m.div_ceil(MR8) * MR8, 0.0);
+        // SAFETY: any i16 buffer may be viewed as bytes; `len` of them fit.
+        let qb = unsafe { std::slice::from_raw_parts_mut(qa.as_mut_ptr() as *mut u8, len) };
+        let unsmooth = w.unsmooth();
+        let kg = w.kg;
+        if path.tile().is_some() {
+            qb[m * lq..].fill(fill);
+            qb[..m * lq]
+                .par_chunks_mut(lq)
+                .zip(sa.par_iter_mut())
+                .enumerate()
+                .for_each(|(i, (row, s))| {
+                    let x = &a[i * lda..i * lda + k];
+                    *s = quantize(kern, path, x, unsmooth, (lq - 64) / G, row, G);
+                });
+        } else {
+            qb.par_chunks_mut(lq)
+                .zip(sa.par_chunks_mut(MR8))
+                .enumerate()
+                .for_each(|(gi, (grp, ss))| {
+                    for (r, s) in ss.iter_mut().enumerate() {
+                        let i = gi * MR8 + r;
+                        let at = &mut grp[r * G * eb..];
+                        *s = if i < m {
+                            let x = &a[i * lda..i * lda + k];
+                            quantize(kern, path, x, unsmooth, kg, at, MR8 * G * eb)
+                        } else {
+                            for g in 0..kg {
+                                at[g * MR8 * G * eb..(g * MR8 + 1) * G * eb].fill(fill);
+                            }
+                            0.0
+                        };
+                    }
+                });
+        }
+        let rows = QuantisedRows {
+            m,
+            q: qb,
+            stride: lq,
+            scale: &sa,
+        };
+        run_panels(kern, path, &rows, w, c, ldc);
+        *s.borrow_mut() = (qa, sa);
+    });
+}
+
+/// Quantise one activation row for `path` (the definition in `quantize_row`) and store input group `g`
+/// (four values of the path's element type) at `dst[g · stride..]` for `g < kg`, inputs past `x.len()`
+/// as zero; returns `s_a`.
+fn quantize(
+    kern: Kernels,
+    path: Path,
+    x: &[f32],
+    unsmooth: Option<&[f32]>,
+    kg: usize,
+    dst: &mut [u8],
+    stride: usize,
+) -> f32 {
+    let eb = path.a_bytes();
+    assert!(kg * G >= x.len() && (kg == 0 || dst.len() >= (kg - 1) * stride + G * eb));
+    #[cfg(target_arch = "x86_64")]
+    if path != Path::Portable {
+        use super::super::x86_int8::{QForm, quantize_avx2};
+        let form = match (eb, path.shift()) {
+            (2, _) => QForm::I16,
+            (_, true) => QForm::U8Shifted,
+            _ => QForm::I8,
+        };
+        // SAFETY: every non-portable x86 path runs on an AVX2 machine; extents asserted above.
+        return unsafe { quantize_avx2(x, unsmooth, kg, dst.as_mut_ptr(), stride, form) };
+    }
+    let _ = kern;
+    let mut q = vec![0u8; kg * G];
+    let s = quantize_row(x, unsmooth, &mut q[..x.len()], path.shift());
+    let zero = if path.shift() { 128 } else { 0 };
+    q[x.len()..].fill(zero);
+    for (g, v) in q.chunks_exact(G).enumerate() {
+        for (t, b) in v.iter().enumerate() {
+            let at = g * stride + t * eb;
+            if eb == 2 {
+                dst[at..at + 2].copy_from_slice(&(*b as i8 as i16).to_le_bytes());
+            } else {
+                dst[at] = *b;
+            }
+        }
+    }
+    s
+}
+
+/// The activations of one call, quantised (`q`, see [`gemm_int8_on`]), with their scales `s_a`:
+/// `stride` bytes per row (AMX) or per group of six rows (every other path).
+struct QuantisedRows<'a> {
+    m: usize,
+    q: &'a [u8],
+    stride: usize,
+    scale: &'a [f32],
+}
+
+fn run_panels(
+    kern: Kernels,
+    path: Path,
+    rows_in: &QuantisedRows<'_>,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
+    let (n, kg) = (w.n, w.kg);
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Amx {
+        run_panels_amx(kern, rows_in, w, c, ldc);
+        return;
+    }
+    let cp = SendPtr(c.as_mut_ptr());
+    let eb = path.a_bytes();
+    let kgb = path.kg_block();
+    let lanes = path.lanes();
+    // The AVX2 and zmm VNNI kernels dequantise their rows themselves after the last input block.
+    #[cfg(target_arch = "x86_64")]
+    let fused = matches!(path, Path::Avx2 | Path::Vnni512);
+    #[cfg(not(target_arch = "x86_64"))]
+    let fused = false;
+    let panels = n.div_ceil(NR);
+    (0..panels).into_par_iter().for_each(|p| {
+        PANEL.with(|bufs| {
+            let (acc, wide) = &mut *bufs.borrow_mut();
+            let wp = &w.data[p * kg * NR * G..(p + 1) * kg * NR * G];
+            let mut mc0 = 0;
+            while mc0 < m {
+                let mc1 = (mc0 + MC).min(m);
+                if kg == 0 {
+                    acc[..(mc1 - mc0).div_ceil(MR8) * MR8 * NR * lanes].fill(0);
+                }
+                let mut kb = 0;
+                while kb < kg {
+                    let kgc = (kg - kb).min(kgb);
+                    let block = &wp[kb * NR * G..(kb + kgc) * NR * G];
+                    let bptr = if eb == 2 {
+                        widen(path, block, &mut wide[..kgc * NR * G]);
+                        wide.as_ptr() as *const u8
+                    } else {
+                        block.as_ptr() as *const u8
+                    };
+                    let ablock = kgc * MR8 * G * eb;
+                    let mut i0 = mc0;
+                    while i0 < mc1 {
+                        let rows = (mc1 - i0).min(MR8);
+                        let ag = qa[(i0 / MR8) * lq + kb * MR8 * G * eb..].as_ptr();
+                        // The next group's activations, one group ahead: groups are a whole row
+                        // apart (`lq`), too far for the hardware prefetcher, and once the rows outgrow
+                        // L2 each group would start on misses to L3.
+                        let next = if i0 + MR8 < mc1 {
+                            Some(((i0 / MR8 + 1) * lq + kb * MR8 * G * eb, ablock))
+                        } else if kb + kgc < kg {
+                            let kn = (kg - kb - kgc).min(kgb);
+                            Some((
+                                (mc0 / MR8) * lq + (kb + kgc) * MR8 * G * eb,
+                                kn * MR8 * G * eb,
+                            ))
+                        } else {
+                            None
+                        };
+                        if let Some((at, len)) = next {
+                            prefetch_l1(&qa[at..at + len]);
+                        }
+                        let at = (i0 - mc0) * NR * lanes;
+                        let accp = acc[at..at + MR8 * NR * lanes].as_mut_ptr();
+                        let store = (fused && kb + kgc == kg).then(|| Dequantised {
+                            c: cp.get().wrapping_add(i0 * ldc + p * NR),
+                            ldc,
+                            sw: w.scale[p * NR..(p + 1) * NR].as_ptr(),
+                            wsum: w.wsum[p * NR..(p + 1) * NR].as_ptr(),
+                            sa: sa[i0..i0 + MR8].as_ptr(),
+                            ncols: (n - p * NR).min(NR),
+                        });
+                        // SAFETY: `ag` addresses `kgc` interleaved groups of six quantised rows
+                        // (`lq` covers `kg` of them), `bptr` this block's `kgc` groups of the panel in
+                        // the path's element type, `accp` six rows of `NR · lanes` i32, `store` rows
+                        // `i0..i0 + rows` of C in this panel's columns (no other task writes them) and
+                        // the scales of the panel and of a whole group of rows (`sa` is padded); the
+                        // instruction set was checked by `Path::of` (or the test that chose the path).
+                        unsafe { ukr(path, kgc, ag, bptr, accp, rows, kb > 0, store) };
+                        i0 += MR8;
+                    }
+                    kb += kgc;
+                }
+                if fused && kg > 0 {
+                    mc0 = mc1;
+                    continue;
+                }
+                let out = Dequant {
+                    kern,
+                    w,
+                    p,
+                    scale: sa,
+                    shift: path.shift(),
+                    lanes,
+                    cols: path.acc_cols(),
+                    c: cp,
+                    ldc,
+                };
+                out.rows(&acc[..], mc0..mc1);
+                mc0 = mc1;
+            }
+        });
+    });
+}
+
+/// Ask for every cache line of `bytes` in L1 (hints: they never fault and change no value).
+#[inline]
+fn prefetch_l1(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for i in (0..bytes.len()).step_by(64) {
+        // SAFETY: a prefetch is a hint that cannot fault; the address lies inside `bytes`.
+        unsafe {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(i) as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
+/// The AVX2 kernel's operand: a block of packed weights sign-extended to i16 (see `widen_avx2`).
+fn widen(path: Path, src: &[i8], dst: &mut [i16]) {
+    assert!(src.len() == dst.len() && src.len().is_multiple_of(NR * G));
+    #[cfg(target_arch = "x86_64")]
+    if path == Path::Avx2 {
+        // SAFETY: AVX2 checked by `Path::of`; whole groups of the panel, equal lengths.
+        unsafe { super::super::x86_int8::widen_avx2(src, dst) };
+        return;
+    }
+    unreachable!("only the AVX2 path widens its weights ({path:?})");
+}
+
+/// Where a microkernel that dequantises its own rows (AVX2, zmm VNNI) writes them after the last input
+/// block: `C[r][j] = (f32(sum) · sw[j]) · sa[r]` for `r < rows`, `j < ncols`, as [`Dequant`] would
+/// (VNNI: `sum − 128 · wsum[j]`).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Dequantised {
+    /// Row 0 of the group, the panel's first column.
+    pub(crate) c: *mut f32,
+    pub(crate) ldc: usize,
+    /// The panel's 64 weight scales (zero past `n`).
+    pub(crate) sw: *const f32,
+    /// The panel's 64 sums `Σ q_w` (for the VNNI kernels' `128 · Σ q_w` correction).
+    pub(crate) wsum: *const i32,
+    /// The group's six row scales.
+    pub(crate) sa: *const f32,
+    /// Columns of C in the panel.
+    pub(crate) ncols: usize,
+}
+
+/// Writes panel `p`'s columns of C from exact integer sums.
+struct Dequant<'a> {
+    kern: Kernels,
+    w: &'a PackedInt8,
+    p: usize,
+    /// `s_a` of every row of the call.
+    scale: &'a [f32],
+    /// The sums include `128 · Σ q_w` (VNNI's shifted activations).
+    shift: bool,
+    /// i32 sums per output (1, or 2 on AVX2: one per input pair of the groups).
+    lanes: usize,
+    /// Outputs per column block of the sums' layout (see [`Path::acc_cols`]).
+    cols: usize,
+    c: SendPtr<f32>,
+    ldc: usize,
+}
+
+impl Dequant<'_> {
+    /// Rows `rows` of C from `acc` (`NR · lanes` i32 per row in groups of six rows laid out as
+    /// [`Path::acc_cols`] says, the first for `rows.start`; an output's lanes added, exactly): exact
+    /// integer → f32, times `s_w`, times `s_a`, in this order on every path.
+    fn rows(&self, acc: &[i32], rows: std::ops::Range<usize>) {
+        let Dequant {
+            kern,
+            w,
+            p,
+            scale,
+            shift,
+            lanes,
+            cols,
+            c,
+            ldc,
+        } = *self;
+        let ncols = (w.n - p * NR).min(NR);
+        let sc = &w.scale[p * NR..p * NR + ncols];
+        let ws = &w.wsum[p * NR..p * NR + ncols];
+        super::super::simd::dispatch(
+            kern,
+            DequantRows {
+                acc,
+                rows,
+                lanes,
+                cols,
+                sc,
+                ws: shift.then_some(ws),
+                scale,
+                c: c.get().wrapping_add(p * NR),
+                ldc,
+            },
+        );
+    }
+}
+
+/// The body of [`Dequant::rows`], entered through `dispatch` so its plain loops are compiled (and
+/// vectorised) for the kernels' instruction set.
+struct DequantRows<'a> {
+    acc: &'a [i32],
+    rows: std::ops::Range<usize>,
+    lanes: usize,
+    cols: usize,
+    /// `s_w` of the panel's columns (as many as it has).
+    sc: &'a [f32],
+    /// `Σ q_w` of the panel's columns where the sums include `128 · Σ q_w`.
+    ws: Option<&'a [i32]>,
+    scale: &'a [f32],
+    /// Column `p · NR` of row 0 of C.
+    c: *mut f32,
+    ldc: usize,
+}
+
+impl Kernel for DequantRows<'_> {
+    type Out = ();
+    #[inline(always)]
+    fn run<S: Simd>(self) {
+        let DequantRows {
+            acc,
+            rows,
+            lanes,
+            cols,
+            sc,
+            ws,
+            scale,
+            c,
+            ldc,
+        } = self;
+        let ncols = sc.len();
+        let first = rows.start;
+        for i in rows {
+            let (g6, r) = ((i - first) / MR8, (i - first) % MR8);
+            let base = g6 * MR8 * NR * lanes + r * cols * lanes;
+            // SAFETY: the panel owns columns p·NR..p·NR+ncols of every row; rows < m.
+            let crow = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), ncols) };
+            let s = scale[i];
+            // Column block `b` of the row: `cols` outputs, `lanes` sums each, blocks `MR8 · cols ·
+            // lanes` i32 apart.
+            for b in 0..ncols.div_ceil(cols) {
+                let j0 = b * cols;
+                let nb = (ncols - j0).min(cols);
+                let src = &acc[base + b * MR8 * cols * lanes..][..nb * lanes];
+                let (out, sc) = (&mut crow[j0..j0 + nb], &sc[j0..j0 + nb]);
+                match (lanes, ws) {
+                    (2, _) => {
+                        for ((o, v), f) in out.iter_mut().zip(src.chunks_exact(2)).zip(sc) {
+                            *o = (v[0].wrapping_add(v[1]) as f32 * f) * s;
+                        }
+                    }
+                    (_, Some(ws)) => {
+                        for (((o, v), f), w) in out.iter_mut().zip(src).zip(sc).zip(&ws[j0..]) {
+                            *o = ((v - 128 * w) as f32 * f) * s;
+                        }
+                    }
+                    _ => {
+                        for ((o, v), f) in out.iter_mut().zip(src).zip(sc) {
+                            *o = (*v as f32 * f) * s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The int8 arm on AMX tiles: per panel and per 32-row block, two half-panel `tdpbssd` products over all
+/// inputs (the quantised rows are padded with zero bytes to whole blocks and steps), then the same
+/// dequantisation as every other path. Signed activations, so no zero-point correction.
+#[cfg(target_arch = "x86_64")]
+fn run_panels_amx(
+    kern: Kernels,
+    rows_in: &QuantisedRows<'_>,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    use super::super::amx::{self, Product, Scratch, TileRows};
+    let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
+    let (n, kg) = (w.n, w.kg);
+    let cp = SendPtr(c.as_mut_ptr());
+    let panel_bytes = kg * NR * G;
+    let wbytes = w.data.as_ptr() as usize;
+    (0..n.div_ceil(NR))
+        .into_par_iter()
+        .for_each_init(Scratch::new, |scratch, p| {
+            // SAFETY: the packed data holds whole panels of `kg · NR · G` bytes.
+            let panel = unsafe {
+                std::slice::from_raw_parts((wbytes as *const u8).add(p * panel_bytes), panel_bytes)
+            };
+            let out = Dequant {
+                kern,
+                w,
+                p,
+                scale: sa,
+                shift: false,
+                lanes: 1,
+                cols: NR,
+                c: cp,
+                ldc,
+            };
+            // SAFETY: `Path::Amx` is only chosen where `amx::available()` said so; the quantised rows
+            // are padded with zero bytes to whole 32-row blocks and 64-input steps (`gemm_int8_on`).
+            unsafe {
+                amx::run_panel(
+                    Product::Int8,
+                    TileRows {
+                        a: qa.as_ptr(),
+                        lda: lq,
+                        m,
+                    },
+                    panel,
+                    (n - p * NR).min(NR),
+                    scratch,
+                    |r0, rows, acc| out.rows(acc, r0..r0 + rows),
+                )
+            };
+        });
+}
+
+/// `acc[r][0..NR] (+)= Σ_{g < kg} Σ_t a[g][r][t] · b[g][j][t]` for `r < rows`: `a` six rows interleaved
+/// by input group, `a` and `b` in the path's element types (u8 or i8, i16 on AVX2), `acc` in the path's
+/// layout ([`Path::acc_cols`]).
+///
+/// # Safety
+/// As documented at the call site in [`run_panels`]; the path's instruction set is present.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn ukr(
+    path: Path,
+    kg: usize,
+    a: *const u8,
+    b: *const u8,
+    acc: *mut i32,
+    rows: usize,
+    load: bool,
+    store: Option<Dequantised>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    use super::super::x86_int8 as x;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = store;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match path {
+            #[cfg(target_arch = "x86_64")]
+            Path::Vnni512 => x::ukr_vnni(kg, a, b as *const i8, acc, rows, load, store),
+            #[cfg(target_arch = "x86_64")]
+            Path::VnniYmm => x::ukr_vnni_ymm(kg, a, b as *const i8, acc, rows, load),
+            #[cfg(target_arch = "x86_64")]
+            Path::VnniYmmEvex => x::ukr_vnni_ymm_evex(kg, a, b as *const i8, acc, rows, load),
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2 => x::ukr_avx2(kg, a, b as *const i16, acc, rows, load, store),
+            #[cfg(target_arch = "x86_64")]
+            Path::Amx => unreachable!("AMX runs whole tile blocks (run_panels_amx)"),
+            #[cfg(target_arch = "aarch64")]
+            Path::NeonDot => {
+                super::super::neon::ukr_sdot(kg, a as *const i8, b as *const i8, acc, rows, load)
+            }
+            Path::Portable => ukr_portable(kg, a as *const i8, b as *const i8, acc, rows, load),
+        }
+    }
+}
+
+/// The reference microkernel: i32 multiply-adds on signed activations.
+///
+/// # Safety
+/// As [`ukr`].
+unsafe fn ukr_portable(
+    kg: usize,
+    a: *const i8,
+    b: *const i8,
+    acc: *mut i32,
+    rows: usize,
+    load: bool,
+) {
+    // SAFETY: extents as documented at the call site.
+    unsafe {
+        let aa = std::slice::from_raw_parts(a, kg * MR8 * G);
+        let bs = std::slice::from_raw_parts(b, kg * NR * G);
+        for r in 0..rows {
+            let out = std::slice::from_raw_parts_mut(acc.add(r * NR), NR);
+            for (j, o) in out.iter_mut().enumerate() {
+                let mut s: i32 = if load { *o } else { 0 };
+                for g in 0..kg {
+                    let wg = &bs[g * NR * G + j * G..g * NR * G + j * G + G];
+                    let xg = &aa[(g * MR8 + r) * G..(g * MR8 + r) * G + G];
+                    for t in 0..G {
+                        s += xg[t] as i32 * wg[t] as i32;
+                    }
+                }
+                *o = s;
+            }
+        }
+    }
+}
