@@ -1,22 +1,31 @@
 #!/usr/bin/env python3
-"""The llama.cpp peer of `kev bench backbone`: convert a base dir to GGUF once (cached), time prompt processing.
+"""The llama.cpp-family peers of `kev bench backbone`: a base dir as a GGUF once (cached), prompt processing timed.
 
     python tools/bench/llama_cpp.py --llama-dir CACHE/llama.cpp --model BASE_DIR [--gguf-cache DIR] \
         --tokens 94,380,1518 --runs R [--threads 2] [--outtype bf16] --out FILE.json
     python tools/bench/llama_cpp.py --llama-dir CACHE/llama.cpp --gguf FILE.gguf ...      (no conversion)
+    python tools/bench/llama_cpp.py --llama-dir CACHE/llama.cpp --model BASE_DIR --outtype q4_k_m \
+        --bench-dir CACHE/ik_llama.cpp/build/bin --run-time-repack --peer ik_llama.cpp ...   (ik_llama.cpp)
+    python tools/bench/llama_cpp.py --llama-dir D --model BASE_DIR --outtype q4_k_m --gguf-path-only
 
 Normally started by `llama_cpp.sh`, which builds llama.cpp first. Conversion: `convert_hf_to_gguf.py --outtype
 bf16 --no-mtp` (the MTP block is a draft head no prefill runs) through `gguf_convert.py`, cached under
-`--gguf-cache` keyed by the model directory's path and its files' names, sizes and mtimes. A base dir without
+`--gguf-cache` keyed by the model directory's path and its files' names, sizes and mtimes. `--outtype q4_k_m`
+is not a converter type: the BF16 conversion (cached as above) is quantised by mainline's `llama-quantize ...
+Q4_K_M` from `--llama-dir`, cached beside it. Every GGUF is mainline's: ik_llama.cpp (`--bench-dir` its build,
+`--run-time-repack` its `-rtr 1`) times the same files, its own converter having no Qwen3.5 entry.
+`--gguf-path-only` prints the cached GGUF's path for the arguments given and exits (the key logic, testable
+without a build); `--no-bench` makes the GGUF (or finds it cached), prints its path and exits. A base dir without
 tokenizer files (a bare random-weight release) borrows the repository's synthetic Qwen3.5 tokenizer
 (`--tokenizer-from`) in a staging directory of symlinks. Timing: one `llama-bench -m GGUF -p N1,N2,… -n 0 -t T
--r R -o json` process (llama-bench warms up once per test); the median of its `samples_ns` is the figure.
+-r R -o json [-rtr 1]` process (llama-bench warms up once per test); the median of its `samples_ns` is the figure.
 llama-bench fills its prompt with random token ids of its own: prompt-processing time does not depend on the ids,
 only on the count. Its default batch (2048) and micro-batch (512) are kept, as a llama.cpp user would run it. Peak
-RSS is llama-bench's own (wait4), weights memory-mapped. Output JSON:
+RSS is llama-bench's own (wait4), weights memory-mapped (with `-rtr 1` read into memory). Output JSON:
 
-    {"peer": "llama.cpp", "kind": "backbone", "outtype", "threads", "model", "gguf", "gguf_bytes", "converted",
-     "convert_s", "pre_tokenizer", "pre_tokenizer_forced", "tokenizer_from", "peak_rss_bytes",
+    {"peer": "llama.cpp" | "ik_llama.cpp", "kind": "backbone", "outtype", "run_time_repack", "threads", "model",
+     "gguf", "gguf_bytes", "converted", "convert_s", "quantized_from", "quantize_s", "pre_tokenizer",
+     "pre_tokenizer_forced", "tokenizer_from", "peak_rss_bytes",
      "llama": {build_commit, cpu_info, model_type, model_n_params, n_batch, n_ubatch, flash_attn, …},
      "results": [{"tokens", "runs", "median_s", "min_s", "max_s", "samples_s", "tokens_per_s"}]}
 """
@@ -38,6 +47,8 @@ sys.path.insert(0, str(HERE))
 import common as B  # noqa: E402
 
 CONVERTER_TAG = "llama-cpp-python-0.3.36/0c1e57098"
+# Quantisations made by llama-quantize from the BF16 conversion (the converter writes the others itself).
+QUANTIZED = {"q4_k_m": "Q4_K_M"}
 KEEP = ("build_commit", "build_number", "cpu_info", "backends", "model_type", "model_size", "model_n_params",
         "n_batch", "n_ubatch", "n_threads", "type_k", "type_v", "flash_attn", "load_mode", "repack", "embeddings")
 
@@ -47,6 +58,11 @@ def find_source(llama_dir: Path) -> Path:
     if not found:
         raise SystemExit(f"no llama.cpp source under {llama_dir}/src (run tools/bench/setup.sh llama)")
     return found[-1].parent
+
+
+def cached_gguf(model: Path, cache: Path, outtype: str) -> Path:
+    """Where the GGUF of `model` in `outtype` is cached: `<dir name>-<key>.<outtype>.gguf`."""
+    return cache / f"{model.resolve().name}-{cache_key(model, outtype)}.{outtype}.gguf"
 
 
 def cache_key(model: Path, outtype: str) -> str:
@@ -83,8 +99,7 @@ def staged(model: Path, tokenizer_from: Path, stage: Path) -> Path:
 
 def convert(model: Path, src: Path, cache: Path, outtype: str, tokenizer_from: Path) -> tuple[Path, dict]:
     cache.mkdir(parents=True, exist_ok=True)
-    key = cache_key(model, outtype)
-    gguf = cache / f"{model.resolve().name}-{key}.{outtype}.gguf"
+    gguf = cached_gguf(model, cache, outtype)
     meta_path = gguf.with_suffix(".json")
     if gguf.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
@@ -115,9 +130,42 @@ def convert(model: Path, src: Path, cache: Path, outtype: str, tokenizer_from: P
     return gguf, {**meta, "converted": True}
 
 
-def run_bench(bench: Path, gguf: Path, lengths: list[int], runs: int, threads: int) -> tuple[list[dict], int]:
+def quantize(model: Path, src: Path, cache: Path, outtype: str, tokenizer_from: Path,
+             quantizer: Path) -> tuple[Path, dict]:
+    """`outtype` of QUANTIZED: llama-quantize on the BF16 conversion (both cached)."""
+    gguf = cached_gguf(model, cache, outtype)
+    meta_path = gguf.with_suffix(".json")
+    if gguf.is_file() and meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        B.log(f"using the cached {gguf} (quantised in {meta.get('quantize_s', 0):.0f}s)")
+        return gguf, {**meta, "converted": False}
+    if not os.access(quantizer, os.X_OK):
+        raise SystemExit(f"{quantizer} missing (run tools/bench/setup.sh llama)")
+    source, source_meta = convert(model, src, cache, "bf16", tokenizer_from)
+    partial = gguf.with_name(gguf.name + ".partial")
+    cmd = [str(quantizer), str(source), str(partial), QUANTIZED[outtype]]
+    B.log("quantising: " + " ".join(cmd))
+    t = time.perf_counter()
+    r = subprocess.run(cmd, stdout=sys.stderr)
+    if r.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise SystemExit(f"llama-quantize failed (exit {r.returncode})")
+    quantize_s = time.perf_counter() - t
+    partial.replace(gguf)
+    meta = {**{k: source_meta.get(k) for k in ("model", "pre_tokenizer", "pre_tokenizer_forced", "converter",
+                                                "tokenizer_from")},
+            "outtype": outtype, "quantized_from": str(source), "quantize_s": quantize_s,
+            "convert_s": source_meta.get("convert_s") if source_meta.get("converted") else None}
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    return gguf, {**meta, "converted": True}
+
+
+def run_bench(bench: Path, gguf: Path, lengths: list[int], runs: int, threads: int,
+              repack: bool) -> tuple[list[dict], int]:
     cmd = [str(bench), "-m", str(gguf), "-p", ",".join(map(str, lengths)), "-n", "0", "-t", str(threads),
            "-r", str(runs), "-o", "json"]
+    if repack:
+        cmd += ["-rtr", "1"]
     B.log("running " + " ".join(cmd))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=sys.stderr)
     out = proc.stdout.read()
@@ -139,27 +187,51 @@ def main() -> int:
     ap.add_argument("--gguf-cache", type=Path, help="where converted GGUFs are kept (default LLAMA_DIR/../gguf)")
     ap.add_argument("--tokenizer-from", type=Path, default=HERE.parent.parent / "fixtures" / "release" / "base",
                     help="tokenizer files for a model dir that has none (default: the repository's synthetic ones)")
-    ap.add_argument("--outtype", default="bf16", choices=["bf16", "f16", "f32", "q8_0"])
+    ap.add_argument("--outtype", default="bf16", choices=["bf16", "f16", "f32", "q8_0", *QUANTIZED])
+    ap.add_argument("--bench-dir", type=Path,
+                    help="the build/bin holding the llama-bench to time (default LLAMA_DIR/build/bin; "
+                         "ik_llama.cpp's for that peer)")
+    ap.add_argument("--run-time-repack", action="store_true", help="llama-bench -rtr 1 (ik_llama.cpp)")
+    ap.add_argument("--peer", default="llama.cpp", help="the peer's name in the answer")
+    ap.add_argument("--gguf-path-only", action="store_true",
+                    help="print the cached GGUF's path for --model/--outtype and exit")
+    ap.add_argument("--no-bench", action="store_true",
+                    help="make (or find) the cached GGUF, print its path and exit without timing")
     ap.add_argument("--tokens", default="94,380,1518")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="0: all cores")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="the answer (required unless --gguf-path-only or --no-bench)")
     args = ap.parse_args()
     lengths = B.parse_lengths(args.tokens)
     if args.runs < 1:
         ap.error("--runs must be >= 1")
     threads = args.threads or len(os.sched_getaffinity(0))
-    bench = args.llama_dir / "build" / "bin" / "llama-bench"
-    if not os.access(bench, os.X_OK):
-        raise SystemExit(f"{bench} missing (run tools/bench/setup.sh llama)")
+    cache = args.gguf_cache or args.llama_dir.parent / "gguf"
+    if args.gguf_path_only:
+        if not args.model:
+            ap.error("--gguf-path-only needs --model")
+        print(cached_gguf(args.model, cache, args.outtype))
+        return 0
+    if not args.no_bench and not args.out:
+        ap.error("--out is required")
+    bench_dir = args.bench_dir or args.llama_dir / "build" / "bin"
+    bench = bench_dir / "llama-bench"
+    if not args.no_bench and not os.access(bench, os.X_OK):
+        raise SystemExit(f"{bench} missing (run tools/bench/setup.sh llama or ik-llama)")
 
     if args.gguf:
         gguf, meta = args.gguf, {"converted": False, "convert_s": None, "pre_tokenizer": None}
+    elif args.outtype in QUANTIZED:
+        quantizer = args.llama_dir / "build" / "bin" / "llama-quantize"
+        gguf, meta = quantize(args.model, find_source(args.llama_dir), cache, args.outtype, args.tokenizer_from,
+                              quantizer)
     else:
-        cache = args.gguf_cache or args.llama_dir.parent / "gguf"
         gguf, meta = convert(args.model, find_source(args.llama_dir), cache, args.outtype, args.tokenizer_from)
 
-    rows, peak = run_bench(bench, gguf, lengths, args.runs, threads)
+    if args.no_bench:
+        print(gguf)
+        return 0
+    rows, peak = run_bench(bench, gguf, lengths, args.runs, threads, args.run_time_repack)
     by_len = {r["n_prompt"]: r for r in rows if r.get("n_gen") == 0}
     results = []
     for n in lengths:
@@ -171,15 +243,18 @@ def main() -> int:
         results.append({"tokens": n, "runs": len(samples), **s, "tokens_per_s": n / s["median_s"]})
         B.log(f"pp{n}: median {s['median_s']:.3f}s over {len(samples)} runs")
     doc = {
-        "peer": "llama.cpp",
+        "peer": args.peer,
         "kind": "backbone",
         "outtype": args.outtype if not args.gguf else None,
+        "run_time_repack": args.run_time_repack,
         "threads": threads,
         "model": str(args.model.resolve()) if args.model else None,
         "gguf": str(gguf),
         "gguf_bytes": gguf.stat().st_size,
         "converted": meta["converted"],
         "convert_s": meta.get("convert_s"),
+        "quantized_from": meta.get("quantized_from"),
+        "quantize_s": meta.get("quantize_s"),
         "pre_tokenizer": meta.get("pre_tokenizer"),
         "pre_tokenizer_forced": meta.get("pre_tokenizer_forced", False),
         "tokenizer_from": meta.get("tokenizer_from"),

@@ -23,7 +23,7 @@ use kev_decide::head::PointerHead;
 use kev_decide::{Kev, Settings, Source};
 use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::{Arm, Backbone, CpuBackend, Kernels};
-use kev_release::head::{HEAD_JSON, KevHead, PreparedHead};
+use kev_release::head::KevHead;
 use kev_tokenize::{KevTokenizer, Limits};
 use serde::Serialize;
 
@@ -128,6 +128,7 @@ impl Mode {
             cache_bytes: 0,
             chunk_aligned,
             rows_from_zero: false,
+            ..Settings::default()
         };
         match self {
             Mode::FromZero => Settings {
@@ -344,30 +345,13 @@ struct Loaded {
 fn load(m: &Model) -> anyhow::Result<Loaded> {
     let (dir, mut opts) = m.backbone_source()?;
     opts.kernels = Some(Kernels::detect());
-    let (head, head_from, tokenizer) = match &m.source {
-        Source::Prepared(d) => (
-            PreparedHead::read(d)?.head,
-            d.join(kev_release::head::HEAD_SAFETENSORS),
-            d.join("tokenizer.json"),
-        ),
-        Source::Release { kev: k, .. } if k.join("head.pt").is_file() => (
-            KevHead::read_pt(&k.join("head.pt"))?,
-            k.join("head.pt"),
-            k.join("tokenizer.json"),
-        ),
-        // `kev synth` writes the head in the prepared form only.
-        Source::Release { kev: k, .. } if k.join(HEAD_JSON).is_file() => (
-            PreparedHead::read(k)?.head,
-            k.join(kev_release::head::HEAD_SAFETENSORS),
-            k.join("tokenizer.json"),
-        ),
-        Source::Release { kev: k, .. } => anyhow::bail!(
-            "{} has neither head.pt nor {HEAD_JSON}: add the decision files with `kev synth --skip-base --out {}`",
-            k.display(),
-            k.parent()
-                .map_or_else(|| ".".into(), |p| p.display().to_string())
-        ),
+    // The head the decision loader reads (`KevHead::read_dir`): `head.pt`, or the prepared form `kev synth` writes.
+    let head_dir = match &m.source {
+        Source::Prepared(d) => d,
+        Source::Release { kev, .. } => kev,
     };
+    let (head, head_from) = KevHead::read_dir(head_dir)?;
+    let tokenizer = head_dir.join("tokenizer.json");
     let t = Instant::now();
     let backbone =
         Backbone::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
@@ -493,7 +477,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
                     "our model dropped (RSS {:.2} GiB); running the torch reference",
                     rss_before_peers.unwrap_or(f64::NAN)
                 );
-                peer_env(kev_engine::kernels::threads()).and_then(|env| {
+                peer_env(kev_engine::kernels::threads(), &[]).and_then(|env| {
                     let bodies: Vec<&[u8]> = torch_cases
                         .iter()
                         .map(|s| s.request.body.as_slice())

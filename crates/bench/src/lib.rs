@@ -4,12 +4,12 @@
 //!
 //! - [`backbone`] (`kev bench backbone`): one row of N tokens through the backbone, per compute arm — median
 //!   wall time, GFLOP/s, share of the machine peak measured in the same run, peak RSS — and, in the same run on
-//!   the same weights and token ids, the peers: torch fp32, torch bf16, llama.cpp bf16, with ratios and the bars
-//!   of the instruction set in force.
+//!   the same weights and token ids, the peers: torch fp32, torch bf16, llama.cpp (BF16, F16, Q8_0 GGUFs),
+//!   ik_llama.cpp (F16, Q8_0, Q4_K_M), with ratios and the bars of the instruction set in force.
 //! - [`decide`] (`kev bench decide`): the Core AI port's timing cases end to end (request bytes → answers), from
 //!   zero / shared / cached, both arms, and the torch reference (the author's row form) on two of them, with
 //!   ratios.
-//! - [`peers`]: the torch and llama.cpp runners (scripts under `tools/bench/`, run as subprocesses).
+//! - [`peers`]: the torch, llama.cpp and ik_llama.cpp runners (scripts under `tools/bench/`, run as subprocesses).
 //! - [`synth`] (`kev synth`): random-weight releases in the published layout (the engine's
 //!   `kev_engine::synth` writes the checkpoint and adapter), plus the Kev tokenizer and a random pointer head.
 //!
@@ -25,6 +25,7 @@ pub mod synth;
 use std::path::PathBuf;
 
 use kev_decide::{Source, WeightForm};
+use kev_engine::kernels::Isa;
 use kev_engine::{Arm, LoadOptions};
 use serde::Serialize;
 
@@ -83,18 +84,22 @@ pub enum PeerName {
     /// llama.cpp on its F16 GGUF: the other half of issue 13's "fastest same-precision-class run" (on CPUs
     /// without BF16 dot products llama.cpp's F16 path, F16C conversions, can beat its BF16 one).
     LlamaF16,
-    /// torch and llama.
+    /// ik_llama.cpp (the CPU-focused fork) on mainline's F16, Q8_0 and Q4_K_M GGUFs with run-time repacking:
+    /// issue 29's strongest CPU peer.
+    IkLlama,
+    /// torch, llama, llama-f16, llama-q8 and ik-llama.
     All,
 }
 
 impl PeerName {
     /// Every name, in the order `--help` lists them.
-    pub const ALL: [PeerName; 6] = [
+    pub const ALL: [PeerName; 7] = [
         PeerName::None,
         PeerName::Torch,
         PeerName::Llama,
         PeerName::LlamaQ8,
         PeerName::LlamaF16,
+        PeerName::IkLlama,
         PeerName::All,
     ];
 
@@ -106,6 +111,7 @@ impl PeerName {
             PeerName::Llama => "llama",
             PeerName::LlamaQ8 => "llama-q8",
             PeerName::LlamaF16 => "llama-f16",
+            PeerName::IkLlama => "ik-llama",
             PeerName::All => "all",
         }
     }
@@ -118,7 +124,8 @@ impl std::str::FromStr for PeerName {
             .into_iter()
             .find(|p| p.name() == s.trim())
             .ok_or_else(|| {
-                format!("unknown peer `{s}` (none, torch, llama, llama-q8, llama-f16, all)")
+                let names: Vec<&str> = PeerName::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown peer `{s}` ({})", names.join(", "))
             })
     }
 }
@@ -132,6 +139,8 @@ struct PeerChoice {
     llama_q8: bool,
     /// llama.cpp on its F16 conversion, besides BF16.
     llama_f16: bool,
+    /// ik_llama.cpp on the F16, Q8_0 and Q4_K_M GGUFs.
+    ik_llama: bool,
 }
 
 impl PeerChoice {
@@ -141,6 +150,7 @@ impl PeerChoice {
             llama: false,
             llama_q8: false,
             llama_f16: false,
+            ik_llama: false,
         };
         for name in names {
             match name {
@@ -149,9 +159,13 @@ impl PeerChoice {
                 PeerName::Llama => c.llama = true,
                 PeerName::LlamaQ8 => c.llama_q8 = true,
                 PeerName::LlamaF16 => c.llama_f16 = true,
+                PeerName::IkLlama => c.ik_llama = true,
                 PeerName::All => {
                     c.torch = true;
                     c.llama = true;
+                    c.llama_f16 = true;
+                    c.llama_q8 = true;
+                    c.ik_llama = true;
                 }
             }
         }
@@ -166,14 +180,34 @@ impl PeerChoice {
     }
 
     fn any(self) -> bool {
-        self.torch || self.llama || self.llama_q8 || self.llama_f16
+        self.torch || self.llama || self.llama_q8 || self.llama_f16 || self.ik_llama
     }
 }
 
-/// The peer environment, or `None` after printing why the peers cannot run at all.
-fn peer_env(threads: usize) -> Option<PeerEnv> {
+/// What makes the peers run as on an AVX2-only CPU: llama.cpp's and ik_llama.cpp's AVX2 builds (AVX2 + FMA +
+/// F16C, `setup.sh`), torch's AVX2 kernels (ATen's dispatch, oneDNN, MKL).
+const AVX2_CAPS: [(&str, &str); 4] = [
+    ("KEV_BENCH_LLAMA_ISA", "avx2"),
+    ("ATEN_CPU_CAPABILITY", "avx2"),
+    ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+    ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
+];
+
+/// The caps the peers get when our kernels run `isa`: on AVX2 (`KEV_ISA=avx2` on a bigger CPU, or an AVX2-only
+/// one) the [`AVX2_CAPS`], so every ratio compares the same instruction set; elsewhere none (the peers build
+/// and dispatch natively). A variable the caller already set (`is_set`) is left as it is.
+fn peer_caps(isa: Isa, is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'static str)> {
+    if isa != Isa::Avx2 {
+        return Vec::new();
+    }
+    AVX2_CAPS.into_iter().filter(|(k, _)| !is_set(k)).collect()
+}
+
+/// The peer environment, or `None` after printing why the peers cannot run at all. `vars` are set for every
+/// peer process (the [`peer_caps`]).
+fn peer_env(threads: usize, vars: &[(&str, &str)]) -> Option<PeerEnv> {
     match PeerEnv::from_env() {
-        Ok(env) => Some(env.with_threads(threads)),
+        Ok(env) => Some(env.with_threads(threads).with_vars(vars.iter().copied())),
         Err(e) => {
             eprintln!("{e}");
             None
@@ -211,6 +245,8 @@ struct PeerSetup {
     cache: String,
     threads: usize,
     python: Option<String>,
+    /// Variables the bench set for the peers (the AVX2 caps), as `NAME=value`.
+    vars: Vec<String>,
 }
 
 impl PeerSetup {
@@ -219,6 +255,7 @@ impl PeerSetup {
             cache: env.cache_dir().display().to_string(),
             threads: env.threads(),
             python: std::env::var("KEV_BENCH_PYTHON").ok(),
+            vars: env.vars().iter().map(|(k, v)| format!("{k}={v}")).collect(),
         }
     }
 }
@@ -523,15 +560,23 @@ mod tests {
     #[test]
     fn peer_choices() {
         let all = PeerChoice::parse("all").unwrap();
-        assert!(all.torch && all.llama && all.any());
+        assert!(
+            all.torch && all.llama && all.llama_f16 && all.llama_q8 && all.ik_llama && all.any()
+        );
         let none = PeerChoice::parse("none").unwrap();
         assert!(!none.any());
         assert_eq!(
+            PeerChoice::parse("torch,llama,llama-f16,llama-q8,ik-llama").unwrap(),
+            PeerChoice::parse("all").unwrap()
+        );
+        assert_ne!(
             PeerChoice::parse("torch,llama").unwrap(),
             PeerChoice::parse("all").unwrap()
         );
         let t = PeerChoice::parse("torch").unwrap();
-        assert!(t.torch && !t.llama);
+        assert!(t.torch && !t.llama && !t.ik_llama);
+        let ik = PeerChoice::parse("ik-llama").unwrap();
+        assert!(ik.ik_llama && !ik.llama && !ik.torch && ik.any());
         assert!(PeerChoice::parse("vllm").is_err());
     }
 
@@ -545,12 +590,46 @@ mod tests {
         }
         assert_eq!(
             "vllm".parse::<PeerName>(),
-            Err("unknown peer `vllm` (none, torch, llama, llama-q8, llama-f16, all)".to_string())
+            Err(
+                "unknown peer `vllm` (none, torch, llama, llama-q8, llama-f16, ik-llama, all)"
+                    .to_string()
+            )
         );
+        assert_eq!(" ik-llama ".parse::<PeerName>(), Ok(PeerName::IkLlama));
+        assert!("ik_llama".parse::<PeerName>().is_err());
         let q8 = PeerChoice::of(&[PeerName::LlamaQ8]);
         assert!(q8.llama_q8 && !q8.llama && !q8.torch && q8.any());
         let f16 = PeerChoice::of(&[PeerName::LlamaF16]);
         assert!(f16.llama_f16 && !f16.llama && !f16.llama_q8 && f16.any());
+    }
+
+    #[test]
+    fn peers_are_capped_to_avx2_with_our_kernels() {
+        let none_set = |_: &str| false;
+        let caps = peer_caps(Isa::Avx2, none_set);
+        assert_eq!(caps.len(), 4);
+        assert!(caps.contains(&("KEV_BENCH_LLAMA_ISA", "avx2")));
+        assert!(caps.contains(&("ATEN_CPU_CAPABILITY", "avx2")));
+        // A variable the caller set wins.
+        let caps = peer_caps(Isa::Avx2, |k| k == "KEV_BENCH_LLAMA_ISA");
+        assert_eq!(caps.len(), 3);
+        assert!(caps.iter().all(|(k, _)| *k != "KEV_BENCH_LLAMA_ISA"));
+        // Native peers on every other instruction set.
+        for isa in [
+            Isa::Portable,
+            Isa::Avx512,
+            Isa::Avx512Bf16,
+            Isa::Amx,
+            Isa::Neon,
+        ] {
+            assert!(peer_caps(isa, none_set).is_empty(), "{isa}");
+        }
+        let env = PeerEnv::new("t", "c").with_vars(peer_caps(Isa::Avx2, none_set));
+        let setup = PeerSetup::of(&env);
+        assert!(
+            setup.vars.contains(&"ONEDNN_MAX_CPU_ISA=AVX2".to_string()),
+            "{setup:?}"
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The peers `kev bench` compares against, measured in the same run on the same weights and tokens: the torch
-//! reference (transformers; backbone rows and the author's decision row form) and llama.cpp's prompt processing.
+//! reference (transformers; backbone rows and the author's decision row form) and the prompt processing of
+//! llama.cpp and of ik_llama.cpp (the CPU-focused fork), both on mainline's GGUFs.
 //!
 //! Each peer is a script under `tools/bench/` run as a subprocess; this module finds the scripts, sets the peer up on
-//! first use (`setup.sh`: a Python with torch, a llama.cpp build; both cached under the bench cache), passes the
+//! first use (`setup.sh`: a Python with torch, the llama.cpp and ik_llama.cpp builds; all cached under the bench
+//! cache), passes the
 //! inputs through files, shows the peer's progress on stderr and parses its JSON answer. It depends on nothing of
 //! the engine, so it compiles and tests on its own.
 //!
@@ -69,6 +71,8 @@ pub enum Peer {
     TorchBackbone,
     /// llama.cpp's `llama-bench` prompt processing on a converted GGUF (`llama_cpp.py`).
     LlamaCpp,
+    /// ik_llama.cpp's `llama-bench` with run-time repacking on mainline's GGUFs (`llama_cpp.py --bench-dir`).
+    IkLlama,
     /// The author's decision row form through the reference code (`torch_decide.py`).
     TorchDecide,
 }
@@ -78,6 +82,7 @@ impl fmt::Display for Peer {
         f.write_str(match self {
             Peer::TorchBackbone => "torch backbone",
             Peer::LlamaCpp => "llama.cpp",
+            Peer::IkLlama => "ik_llama.cpp",
             Peer::TorchDecide => "torch decide",
         })
     }
@@ -153,8 +158,11 @@ pub struct PeerEnv {
     tools: PathBuf,
     cache: PathBuf,
     threads: usize,
+    /// Variables set for every setup and peer process (the bench's AVX2 caps).
+    vars: Vec<(String, String)>,
     python: OnceLock<Result<PathBuf, String>>,
     llama: OnceLock<Result<PathBuf, String>>,
+    ik_llama: OnceLock<Result<PathBuf, String>>,
 }
 
 impl PeerEnv {
@@ -177,9 +185,26 @@ impl PeerEnv {
             tools: tools.into(),
             cache: cache.into(),
             threads: std::thread::available_parallelism().map_or(1, usize::from),
+            vars: Vec::new(),
             python: OnceLock::new(),
             llama: OnceLock::new(),
+            ik_llama: OnceLock::new(),
         }
+    }
+
+    /// Set these environment variables for every setup and peer process (e.g. `KEV_BENCH_LLAMA_ISA=avx2`).
+    pub fn with_vars<K: Into<String>, V: Into<String>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.vars
+            .extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// The variables set for the peers' processes.
+    pub fn vars(&self) -> &[(String, String)] {
+        &self.vars
     }
 
     /// Threads every peer runs with (torch intra-op threads, llama-bench `-t`).
@@ -215,13 +240,17 @@ impl PeerEnv {
             .map_err(|reason| PeerError::Unavailable { peer, reason })
     }
 
-    /// The directory holding `llama-bench`, building llama.cpp on first use (~4 min on 2 cores, once).
-    pub fn llama_bin(&self) -> Result<PathBuf, PeerError> {
-        self.llama
-            .get_or_init(|| self.setup("llama"))
+    /// The directory holding a fork's `llama-bench` (mainline's also `llama-quantize`), building it on first
+    /// use (minutes on 2 cores, once).
+    pub fn llama_bin(&self, fork: Fork) -> Result<PathBuf, PeerError> {
+        let cell = match fork {
+            Fork::Mainline => &self.llama,
+            Fork::Ik => &self.ik_llama,
+        };
+        cell.get_or_init(|| self.setup(fork.setup_name()))
             .clone()
             .map_err(|reason| PeerError::Unavailable {
-                peer: Peer::LlamaCpp,
+                peer: fork.peer(),
                 reason,
             })
     }
@@ -234,6 +263,7 @@ impl PeerEnv {
         let mut cmd = Command::new("bash");
         cmd.arg(&script)
             .arg(what)
+            .envs(self.vars.iter().map(|(k, v)| (k, v)))
             .env("KEV_BENCH_CACHE", &self.cache);
         eprintln!(
             "[peers] setting up {what} (cached under {})",
@@ -296,6 +326,7 @@ impl PeerEnv {
             .args(args)
             .arg("--out")
             .arg(out)
+            .envs(self.vars.iter().map(|(k, v)| (k, v)))
             .env("KEV_BENCH_CACHE", &self.cache);
         eprintln!("[peers] {peer}: {} {script} …", python.display());
         let res = run_logged(&mut cmd, false).map_err(|e| PeerError::Unavailable {

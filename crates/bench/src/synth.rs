@@ -6,9 +6,10 @@
 //!
 //! `kev/` holds what a decision needs besides the base: the adapter, the Kev tokenizer (copied: the real
 //! vocabulary) and a random pointer head in the prepared form (`head.safetensors` + `kev_head.json`, the layout
-//! `kev_release::head::PreparedHead::read` loads). So `kev bench decide --base DIR/base --kev DIR/kev` runs on
-//! it as it is; `head.pt` (a torch pickle, needed by `kev decide --base/--kev` and `kev prepare`) is written
-//! from the same tensors by `tools/bench/head_pt.py`.
+//! `kev_release::head::PreparedHead::read` loads). Every loader finds a directory's head through
+//! `KevHead::read_dir`, which reads that form when there is no `head.pt`, so `kev decide`, `kev serve` and
+//! `kev bench decide` take `--base DIR/base --kev DIR/kev` as it is; `head.pt` (a torch pickle, needed by `kev
+//! prepare` and the torch peer) is written from the same tensors by `tools/bench/head_pt.py`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

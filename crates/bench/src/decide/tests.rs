@@ -58,6 +58,7 @@ fn bars_of_issue_6() {
             cache: String::new(),
             threads: 2,
             python: None,
+            vars: Vec::new(),
         },
         threads: 2,
         peak_rss_gib: None,

@@ -249,29 +249,120 @@ pub fn torch_backbone(
     Ok(run)
 }
 
-/// llama.cpp's prompt processing (`llama-bench -p N -n 0`) on `model` converted to a GGUF of `outtype` (`bf16`,
-/// `q8_0`, …) by llama.cpp's own converter; builds llama.cpp and converts the model on first use (both cached). llama-bench draws its own random
-/// prompt ids: prompt processing costs the same whatever the ids, so only the lengths are passed.
-pub fn llama_cpp_backbone(
+/// A llama.cpp-family build whose `llama-bench` is timed (`setup.sh llama` / `setup.sh ik-llama`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fork {
+    /// Mainline llama.cpp (vendored by `llama-cpp-python`); its converter and `llama-quantize` make every GGUF.
+    Mainline,
+    /// ik_llama.cpp (vendored by `ik-llama-cpp-python`), timed with run-time repacking (`-rtr 1`: its int8
+    /// dot-product GEMMs on interleaved rows), as its users run it on CPUs.
+    Ik,
+}
+
+impl Fork {
+    /// The `setup.sh` target that builds it.
+    pub fn setup_name(self) -> &'static str {
+        match self {
+            Fork::Mainline => "llama",
+            Fork::Ik => "ik-llama",
+        }
+    }
+
+    /// The peer its errors and results are about.
+    pub fn peer(self) -> Peer {
+        match self {
+            Fork::Mainline => Peer::LlamaCpp,
+            Fork::Ik => Peer::IkLlama,
+        }
+    }
+
+    /// `llama_cpp.py`'s arguments that make it time this fork: the `llama-bench` directory (`None`: the
+    /// mainline build's own) and the repacking flag.
+    fn script_args(self, bin: &Path) -> Vec<OsString> {
+        match self {
+            Fork::Mainline => Vec::new(),
+            Fork::Ik => vec![
+                "--bench-dir".into(),
+                bin.into(),
+                "--run-time-repack".into(),
+                "--peer".into(),
+                "ik_llama.cpp".into(),
+            ],
+        }
+    }
+}
+
+/// The weights a llama.cpp-family peer times: a GGUF of the base directory, all made by mainline's tools and
+/// cached under the bench cache (`<dir name>-<key>.<outtype>.gguf`, the key over the directory's path and its
+/// files' names, sizes and mtimes), so both forks time the very same file of a type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quant {
+    /// The converter's BF16 (exact for the BF16 checkpoints).
+    Bf16,
+    /// The converter's F16.
+    F16,
+    /// The converter's Q8_0 (8-bit blocks of 32 with an F16 scale).
+    Q8_0,
+    /// `llama-quantize … Q4_K_M` of the BF16 GGUF: 4-bit K-quants (some tensors 6-bit), outside Kev's
+    /// fidelity bar, timed because it is ik_llama.cpp's fastest CPU form.
+    Q4KM,
+}
+
+impl Quant {
+    /// `llama_cpp.py --outtype`, the cached file's suffix and the label's last word.
+    pub fn outtype(self) -> &'static str {
+        match self {
+            Quant::Bf16 => "bf16",
+            Quant::F16 => "f16",
+            Quant::Q8_0 => "q8_0",
+            Quant::Q4KM => "q4_k_m",
+        }
+    }
+
+    /// The GGUF this one is made from by `llama-quantize`, if it is not written by the converter.
+    pub fn quantized_from(self) -> Option<Quant> {
+        match self {
+            Quant::Q4KM => Some(Quant::Bf16),
+            Quant::Bf16 | Quant::F16 | Quant::Q8_0 => None,
+        }
+    }
+}
+
+/// A llama.cpp-family peer's prompt processing (`llama-bench -p N -n 0`, ik_llama.cpp with `-rtr 1`) on `model`
+/// as a GGUF of `quant`; builds the fork and makes the GGUF on first use (all cached). llama-bench draws its own
+/// random prompt ids: prompt processing costs the same whatever the ids, so only the lengths are passed.
+pub fn llama_backbone(
     env: &PeerEnv,
+    fork: Fork,
     model: &Path,
     lengths: &[usize],
     runs: usize,
-    outtype: &str,
+    quant: Quant,
 ) -> Result<BackboneRun, PeerError> {
-    let peer = Peer::LlamaCpp;
+    let peer = fork.peer();
     check_runs(peer, runs)?;
     if lengths.is_empty() || lengths.contains(&0) {
         return Err(failed(peer, "lengths must be positive"));
     }
-    let bin = env.llama_bin()?;
+    // Mainline's build makes the GGUFs (converter, llama-quantize) whichever fork is timed.
+    let mainline = env.llama_bin(Fork::Mainline).map_err(|e| match e {
+        PeerError::Unavailable { reason, .. } => PeerError::Unavailable {
+            peer,
+            reason: format!("llama.cpp (which makes the GGUFs): {reason}"),
+        },
+        other => other,
+    })?;
+    let bin = match fork {
+        Fork::Mainline => mainline.clone(),
+        Fork::Ik => env.llama_bin(fork)?,
+    };
     // setup.sh answers `<llama dir>/build/bin`.
-    let llama_dir = bin
+    let llama_dir = mainline
         .parent()
         .and_then(Path::parent)
         .ok_or_else(|| PeerError::Unavailable {
             peer,
-            reason: format!("unexpected llama.cpp bin dir {}", bin.display()),
+            reason: format!("unexpected llama.cpp bin dir {}", mainline.display()),
         })?
         .to_path_buf();
     let python = env.python(peer)?;
@@ -281,7 +372,7 @@ pub fn llama_cpp_backbone(
         .map(usize::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let args: Vec<OsString> = vec![
+    let mut args: Vec<OsString> = vec![
         "--llama-dir".into(),
         llama_dir.into(),
         "--gguf-cache".into(),
@@ -289,7 +380,7 @@ pub fn llama_cpp_backbone(
         "--model".into(),
         model.into(),
         "--outtype".into(),
-        outtype.into(),
+        quant.outtype().into(),
         "--tokens".into(),
         tokens.into(),
         "--runs".into(),
@@ -297,16 +388,19 @@ pub fn llama_cpp_backbone(
         "--threads".into(),
         env.threads.to_string().into(),
     ];
+    args.extend(fork.script_args(&bin));
     let out = dir.0.join("llama_cpp.json");
     let bytes = env.run_script(peer, &python, "llama_cpp.py", &args, &out)?;
-    let run = parse_backbone(peer, &bytes, lengths, |raw| {
-        format!(
-            "llama.cpp {} {outtype}",
-            str_at(raw, &["llama", "build_commit"]).unwrap_or("?")
-        )
-    })?;
+    let run = parse_backbone(peer, &bytes, lengths, |raw| llama_label(fork, quant, raw))?;
     dir.done();
     Ok(run)
+}
+
+/// `llama.cpp 0c1e570 bf16`, `ik_llama.cpp 55d3c05 q4_k_m rtr`: the build's commit as llama-bench reports it.
+fn llama_label(fork: Fork, quant: Quant, raw: &serde_json::Value) -> String {
+    let commit = str_at(raw, &["llama", "build_commit"]).unwrap_or("?");
+    let repack = if fork == Fork::Ik { " rtr" } else { "" };
+    format!("{} {commit} {}{repack}", fork.peer(), quant.outtype())
 }
 
 /// The author's decision path on raw request bodies: per request, render + tokenize, every question as its own

@@ -191,7 +191,8 @@ fn a_peer_that_cannot_be_set_up_is_unavailable() {
     );
     assert!(msg.contains("no python3 >= 3.10"), "{msg}");
     // llama.cpp's setup fails the same way.
-    let err = llama_cpp_backbone(&env, Path::new("m"), &[94], 1, "bf16").unwrap_err();
+    let err =
+        llama_backbone(&env, Fork::Mainline, Path::new("m"), &[94], 1, Quant::Bf16).unwrap_err();
     assert!(
         err.is_unavailable() && err.peer() == Peer::LlamaCpp,
         "{err}"
@@ -282,6 +283,208 @@ fn torch_decide_sends_one_line_per_request_and_checks_the_answer() {
     );
 }
 
+/// A scratch with a `setup.sh` answering a bin dir per llama fork and the fake interpreter for `torch`, and
+/// recording the `KEV_BENCH_LLAMA_ISA` each setup saw.
+fn llama_scratch(name: &str, fail: &str) -> (Scratch, PathBuf) {
+    let s = Scratch::new(name);
+    s.file("tools/llama_cpp.py", "# stand-in\n");
+    let answer = serde_json::json!({
+        "peer": "ik_llama.cpp", "kind": "backbone", "threads": 2, "peak_rss_bytes": 77,
+        "llama": {"build_commit": "55d3c05bf"},
+        "results": [{"tokens": 94, "runs": 1, "median_s": 0.5, "min_s": 0.5, "max_s": 0.5, "samples_s": [0.5]}]
+    });
+    let answer = s.file("answer.json", &answer.to_string());
+    let py = s.python(&format!(
+        "echo \"$@\" >> {args}\ncp {answer} \"$OUT\"",
+        args = s.0.join("args").display(),
+        answer = answer.display()
+    ));
+    s.file(
+        "tools/setup.sh",
+        &format!(
+            "echo \"$1 ${{KEV_BENCH_LLAMA_ISA:-native}}\" >> {seen}\n\
+             [ \"$1\" = {fail} ] && {{ echo \"[bench setup] error: cmake build failed\" >&2; exit 1; }}\n\
+             case $1 in llama) echo {root}/llama.cpp/build/bin ;; ik-llama) echo {root}/ik_llama.cpp/build/bin ;;\n\
+             torch) echo {py} ;; esac\n",
+            seen = s.0.join("setups").display(),
+            root = s.0.display(),
+            py = py.display(),
+        ),
+    );
+    (s, py)
+}
+
+#[test]
+fn ik_llama_times_mainlines_gguf_with_its_own_bench_and_repacking() {
+    let (s, _) = llama_scratch("ik", "none");
+    let env = s.env().with_vars([("KEV_BENCH_LLAMA_ISA", "avx2")]);
+    let run = llama_backbone(&env, Fork::Ik, Path::new("/m/base"), &[94], 1, Quant::Q4KM).unwrap();
+    assert_eq!(run.peer, Peer::IkLlama);
+    assert_eq!(run.label, "ik_llama.cpp 55d3c05bf q4_k_m rtr");
+    let args = std::fs::read_to_string(s.0.join("args")).unwrap();
+    let root = s.0.display();
+    // The GGUF is made by mainline's tree (converter, llama-quantize) and cached under the bench cache; the
+    // timing is ik's llama-bench with -rtr 1.
+    assert!(
+        args.contains(&format!("--llama-dir {root}/llama.cpp ")),
+        "{args}"
+    );
+    assert!(
+        args.contains(&format!("--gguf-cache {root}/cache/gguf ")),
+        "{args}"
+    );
+    assert!(
+        args.contains("--model /m/base --outtype q4_k_m --tokens 94 --runs 1 --threads 2"),
+        "{args}"
+    );
+    assert!(
+        args.contains(&format!(
+            "--bench-dir {root}/ik_llama.cpp/build/bin --run-time-repack --peer ik_llama.cpp"
+        )),
+        "{args}"
+    );
+    // Both builds were set up once each, capped as asked.
+    let setups = std::fs::read_to_string(s.0.join("setups")).unwrap();
+    assert!(
+        setups.contains("llama avx2") && setups.contains("ik-llama avx2"),
+        "{setups}"
+    );
+    // Mainline on the same env: no ik flags, its label, no second build.
+    std::fs::remove_file(s.0.join("args")).unwrap();
+    let run = llama_backbone(
+        &env,
+        Fork::Mainline,
+        Path::new("/m/base"),
+        &[94],
+        1,
+        Quant::Q8_0,
+    )
+    .unwrap();
+    assert_eq!(run.peer, Peer::LlamaCpp);
+    assert_eq!(run.label, "llama.cpp 55d3c05bf q8_0");
+    let args = std::fs::read_to_string(s.0.join("args")).unwrap();
+    assert!(
+        !args.contains("--bench-dir") && !args.contains("--run-time-repack"),
+        "{args}"
+    );
+    assert!(args.contains("--outtype q8_0"), "{args}");
+    let setups = std::fs::read_to_string(s.0.join("setups")).unwrap();
+    assert_eq!(
+        setups.lines().filter(|l| l.starts_with("llama ")).count(),
+        1,
+        "{setups}"
+    );
+}
+
+#[test]
+fn an_ik_llama_that_cannot_be_built_is_unavailable() {
+    let (s, _) = llama_scratch("ik-fail", "ik-llama");
+    let env = s.env();
+    let err = llama_backbone(&env, Fork::Ik, Path::new("m"), &[94], 1, Quant::F16).unwrap_err();
+    assert!(err.is_unavailable() && err.peer() == Peer::IkLlama, "{err}");
+    assert!(
+        err.to_string().contains("setup.sh ik-llama failed"),
+        "{err}"
+    );
+    // Mainline still runs.
+    assert!(llama_backbone(&env, Fork::Mainline, Path::new("m"), &[94], 1, Quant::Bf16).is_ok());
+    // Without mainline's build there is no GGUF for ik to time.
+    let (s, _) = llama_scratch("main-fail", "llama");
+    let err =
+        llama_backbone(&s.env(), Fork::Ik, Path::new("m"), &[94], 1, Quant::Q8_0).unwrap_err();
+    assert!(err.is_unavailable() && err.peer() == Peer::IkLlama, "{err}");
+    assert!(
+        err.to_string()
+            .contains("llama.cpp (which makes the GGUFs)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn quants_name_their_files_and_sources() {
+    let all = [Quant::Bf16, Quant::F16, Quant::Q8_0, Quant::Q4KM];
+    let names: Vec<&str> = all.iter().map(|q| q.outtype()).collect();
+    assert_eq!(names, ["bf16", "f16", "q8_0", "q4_k_m"]);
+    assert_eq!(Quant::Q4KM.quantized_from(), Some(Quant::Bf16));
+    assert!(all[..3].iter().all(|q| q.quantized_from().is_none()));
+    assert_eq!(
+        (Fork::Mainline.setup_name(), Fork::Ik.setup_name()),
+        ("llama", "ik-llama")
+    );
+    assert_eq!(Fork::Ik.peer().to_string(), "ik_llama.cpp");
+}
+
+/// `llama_cpp.py --gguf-path-only`: where a GGUF of (model dir, type) is cached. Runs the script's own key
+/// code (python3, standard library only), not a peer.
+fn gguf_path(model: &Path, cache: &Path, outtype: &str) -> Option<String> {
+    let script = find_tools(None)?.join("llama_cpp.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args([
+            "--llama-dir",
+            "/nonexistent",
+            "--gguf-path-only",
+            "--outtype",
+            outtype,
+        ])
+        .arg("--model")
+        .arg(model)
+        .arg("--gguf-cache")
+        .arg(cache)
+        .arg("--out")
+        .arg(cache.join("unused.json"))
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8(out.stdout).unwrap().trim().to_string())
+}
+
+#[test]
+fn gguf_cache_keys_follow_the_model_files_and_the_type() {
+    let s = Scratch::new("gguf");
+    let model = s.0.join("synth-4b");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("config.json"), "{}").unwrap();
+    std::fs::write(model.join("model.safetensors"), "12345678").unwrap();
+    let cache = s.0.join("cache/gguf");
+    let Some(bf16) = gguf_path(&model, &cache, "bf16") else {
+        println!("skipped: no python3 to run tools/bench/llama_cpp.py's key code");
+        return;
+    };
+    // <cache>/<dir name>-<16 hex digits>.<type>.gguf
+    let name = bf16
+        .strip_prefix(&format!("{}/", cache.display()))
+        .unwrap_or_else(|| panic!("{bf16} outside the cache"));
+    let key = name
+        .strip_prefix("synth-4b-")
+        .and_then(|n| n.strip_suffix(".bf16.gguf"))
+        .unwrap_or_else(|| panic!("{name}"));
+    assert!(
+        key.len() == 16 && key.chars().all(|c| c.is_ascii_hexdigit()),
+        "{key}"
+    );
+    // Stable; one file per type (ik and mainline share each).
+    assert_eq!(gguf_path(&model, &cache, "bf16").unwrap(), bf16);
+    let q4 = gguf_path(&model, &cache, "q4_k_m").unwrap();
+    let q8 = gguf_path(&model, &cache, "q8_0").unwrap();
+    assert!(
+        q4.ends_with(".q4_k_m.gguf") && q8.ends_with(".q8_0.gguf"),
+        "{q4} {q8}"
+    );
+    assert_ne!(q4.replace(".q4_k_m.", ".bf16."), bf16);
+    // A file that is not config or weights does not change the key; a changed weight file does.
+    std::fs::write(model.join("README.md"), "notes").unwrap();
+    assert_eq!(gguf_path(&model, &cache, "bf16").unwrap(), bf16);
+    std::fs::write(model.join("model.safetensors"), "123456789").unwrap();
+    let changed = gguf_path(&model, &cache, "bf16").unwrap();
+    assert_ne!(changed, bf16);
+    assert!(changed.ends_with(".bf16.gguf"));
+}
+
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
 }
@@ -289,7 +492,7 @@ fn env_or(name: &str, default: &str) -> String {
 /// Every peer for real, on a release, through this API:
 /// `KEV_PEERS_BASE=DIR KEV_PEERS_KEV=DIR [KEV_BENCH_PYTHON=…] cargo test -p kev-bench -- --ignored real_peers --nocapture`.
 /// `KEV_PEERS_TOKENS` (default 94,380,1518), `KEV_PEERS_RUNS` (default 2), `KEV_PEERS_ONLY` (a subset of
-/// `torch-fp32,torch-bf16,llama,decide`; `decide` needs `KEV_PEERS_KEV`). Prints one line per timing.
+/// `torch-fp32,torch-bf16,llama,ik-llama,decide`; `decide` needs `KEV_PEERS_KEV`). Prints one line per timing.
 #[test]
 #[ignore = "runs torch and llama.cpp for minutes; needs KEV_PEERS_BASE (and KEV_PEERS_KEV)"]
 fn real_peers_end_to_end() {
@@ -319,7 +522,14 @@ fn real_peers_end_to_end() {
         }
     }
     if wants("llama") {
-        done.push(llama_cpp_backbone(&env, &base, &lengths, runs, "bf16").unwrap());
+        done.push(
+            llama_backbone(&env, Fork::Mainline, &base, &lengths, runs, Quant::Bf16).unwrap(),
+        );
+    }
+    if wants("ik-llama") {
+        for quant in [Quant::F16, Quant::Q8_0, Quant::Q4KM] {
+            done.push(llama_backbone(&env, Fork::Ik, &base, &lengths, runs, quant).unwrap());
+        }
     }
     for run in &done {
         for t in &run.timings {
