@@ -103,12 +103,18 @@ class Model:
 
     Name the model as the CLI does: ``model_dir`` (a directory written by ``kev prepare``), or ``base`` and
     ``kev`` (the two release directories; the LoRA is merged at load). ``weights`` is ``"merged"`` or
-    ``"exact"`` (LoRA unmerged in fp32; needs ``base``/``kev``); ``precision`` is ``"fp32"`` or ``"bf16"``
-    (default: bf16 where the CPU has AVX512_BF16, else fp32); ``cache_bytes`` bounds the prepared-state
-    cache (0 turns it off; default an eighth of memory, at most 4 GiB). ``pass_tokens`` is the most tokens one
-    forward pass takes (default 4096, as ``kev decide``); ``threads`` gives the model a thread pool of its
-    own (default: the process-wide pool, sized by ``RAYON_NUM_THREADS`` or the core count);
-    ``truncate_state`` reads only the first 65,536 tokens of an over-long state instead of refusing it.
+    ``"exact"`` (LoRA unmerged in fp32; needs ``base``/``kev``); ``precision`` is ``"fp32"``, ``"bf16"`` or
+    ``"int8"`` (default: bf16 where the CPU has AVX512_BF16, else fp32); ``cache_bytes`` bounds the
+    prepared-state cache (0 turns it off; default an eighth of memory, at most 4 GiB). ``pass_tokens`` is the
+    most tokens one forward pass takes (default 4096, as ``kev decide``); ``threads`` gives the model a thread
+    pool of its own (default: the process-wide pool, sized by ``RAYON_NUM_THREADS`` or the core count).
+
+    The service options are ``kev serve``'s, applied by the same library code, so the same options give the same
+    answers byte for byte: ``truncate_state`` reads only the first 65,536 tokens of an over-long state instead of
+    refusing it (``--truncate-states``); ``calibration`` is a file ``kev calibrate`` wrote, whose temperatures
+    the head serves (``--calibration``); ``date_facts`` adds a sentence per pair of dates to states naming two or
+    more (``--date-facts``); ``max_questions``, ``max_options`` and ``max_input_tokens`` are the per-request work
+    caps (default 1,024 / 16,384 / 131,072; a request over one is refused with status 413).
     """
 
     def __init__(
@@ -123,6 +129,11 @@ class Model:
         pass_tokens: Optional[int] = None,
         threads: Optional[int] = None,
         truncate_state: bool = False,
+        calibration: Optional[PathLike] = None,
+        date_facts: bool = False,
+        max_questions: Optional[int] = None,
+        max_options: Optional[int] = None,
+        max_input_tokens: Optional[int] = None,
     ) -> None:
         fs = lambda p: None if p is None else os.fspath(p)  # noqa: E731
         self._engine = _kev.Engine(
@@ -136,13 +147,19 @@ class Model:
                 "pass_tokens": pass_tokens,
                 "threads": threads,
                 "truncate_state": truncate_state,
+                "calibration": fs(calibration),
+                "date_facts": date_facts,
+                "max_questions": max_questions,
+                "max_options": max_options,
+                "max_input_tokens": max_input_tokens,
             }
         )
         self._info: Optional[dict] = None
 
     @property
     def info(self) -> dict:
-        """The model's ``/v1/models`` card (``name`` ``kev-latest``, ``description``, ``x_…`` fields)."""
+        """The model's ``/v1/models`` card (``name`` ``kev-latest``, ``description``, ``x_…`` fields, the calibration
+        and date facts in force): the card ``kev serve`` lists for the same model and options."""
         if self._info is None:
             self._info = json.loads(self._engine.card)
         return dict(self._info)

@@ -28,12 +28,17 @@ class Model:
         base: Optional[_Path] = None,
         kev: Optional[_Path] = None,
         weights: Literal["merged", "exact"] = "merged",
-        precision: Optional[Literal["fp32", "bf16"]] = None,
+        precision: Optional[Literal["fp32", "bf16", "int8"]] = None,
         cache_bytes: Optional[int] = None,
         *,
         pass_tokens: Optional[int] = None,
         threads: Optional[int] = None,
         truncate_state: bool = False,
+        calibration: Optional[_Path] = None,
+        date_facts: bool = False,
+        max_questions: Optional[int] = None,
+        max_options: Optional[int] = None,
+        max_input_tokens: Optional[int] = None,
     ) -> None: ...
     @property
     def info(self) -> dict[str, Any]:

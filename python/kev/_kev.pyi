@@ -15,6 +15,11 @@ class EngineOptions(TypedDict):
     pass_tokens: Optional[int]
     threads: Optional[int]
     truncate_state: bool
+    calibration: Optional[str]
+    date_facts: bool
+    max_questions: Optional[int]
+    max_options: Optional[int]
+    max_input_tokens: Optional[int]
 
 class Engine:
     def __init__(self, options: EngineOptions) -> None: ...

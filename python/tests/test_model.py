@@ -159,3 +159,98 @@ def test_decide_many_releases_the_gil(model, valid_bodies):
     # Holding the GIL for the whole batch would leave the ticker a handful of ticks at most.
     # (a free ticker manages about one tick a millisecond: ask for 2% of that).
     assert ticks > 0.02 * elapsed / 0.001, (ticks, elapsed)
+
+
+def _serve(tmp_path, *extra: str):
+    """`kev serve` on the fixture release with `extra` flags, ready; the process and its base URL."""
+    import os
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEV_")}
+    env["KEV_LOG"] = "warn"
+    proc = subprocess.Popen(
+        [str(kev_bin()), "serve", "--base", str(BASE), "--kev", str(KEV), "--port", str(port), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "serve.log", "wb"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=5) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("kev serve never became ready: " + (tmp_path / "serve.log").read_text()[-2000:])
+
+
+def _post(url: str, body: bytes) -> bytes:
+    import urllib.request
+
+    req = urllib.request.Request(url + "/v1/systemone", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.status == 200
+        return r.read()
+
+
+def test_calibration_and_date_facts_give_the_bytes_kev_serve_gives(tmp_path, valid_bodies):
+    """The service options are the library's: kev.Model and kev serve with the same options answer the same
+    bytes (the server's answer less its x_latency_ms), and list the same card."""
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(
+        json.dumps(
+            {
+                "kind": "kev-calibration",
+                "by": "type",
+                "global": 2.5,
+                "temperatures": {"noul": 0.7, "choice": 3.1, "score": 1.3},
+            }
+        )
+    )
+    dated = json.dumps(
+        {
+            "state": {"ordered": "July 22, 2026", "delivered": "2026-08-03", "note": "The parcel came late."},
+            "questions": {
+                "late": {"type": "noul", "instructions": "Was it late?"},
+                "team": {"type": "choice", "criteria": {"Shipping": "delivery", "Billing": None, "Sales": None}},
+                "anger": {"type": "score", "criteria": ["calm", "annoyed", "angry"]},
+            },
+        }
+    ).encode()
+    bodies = [dated] + valid_bodies[:12]
+    model = kev.Model(base=BASE, kev=KEV, calibration=calibration, date_facts=True)
+    proc, url = _serve(tmp_path, "--calibration", str(calibration), "--date-facts")
+    try:
+        served = [_post(url, b).decode() for b in bodies]
+        import urllib.request
+
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+            card = json.loads(r.read())["models"][0]
+    finally:
+        proc.kill()
+        proc.wait()
+    for text in served:
+        assert ',"x_latency_ms":' in text, text
+    expected = [text[: text.rindex(',"x_latency_ms":')] + "}" for text in served]
+    assert model.decide_jsonl(bodies) == expected
+    assert model.info == card
+    assert card["x_date_facts"] is True and card["x_calibration"]["by"] == "type"
+    # Negative control: without the options the dated request reads another state and other temperatures.
+    plain = kev.Model(base=BASE, kev=KEV)
+    assert plain.decide_jsonl([dated]) != expected[:1]
+    assert plain.info["x_date_facts"] is False and plain.info["x_calibration"] is None
+
+
+def test_the_precision_error_is_the_librarys():
+    with pytest.raises(ValueError, match=r"precision: unknown compute arm `fp8` \(fp32, bf16, int8\)"):
+        kev.Model(base=BASE, kev=KEV, precision="fp8")

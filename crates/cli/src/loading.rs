@@ -2,9 +2,10 @@
 //! ([`ServiceArgs`]) shared by `decide`, `serve`, `bench` and `accept`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
-use kev_decide::{Caps, LoadSpec, ModelInfo, Settings, Source};
+use kev_decide::{Calibration, Caps, LoadSpec, ModelInfo, Settings, Source};
 use kev_engine::CpuBackend;
 use kev_tokenize::Limits;
 
@@ -53,9 +54,13 @@ pub struct ServiceArgs {
 }
 
 impl ServiceArgs {
-    /// The settings these flags ask for.
-    pub fn settings(&self) -> Settings {
-        Settings {
+    /// The settings these flags ask for (the calibration file read here, through the library's reader).
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        let calibration = match &self.calibration {
+            Some(path) => Some(Arc::new(Calibration::read(path)?)),
+            None => None,
+        };
+        Ok(Settings {
             limits: Limits {
                 truncate_state: self.truncate_state,
                 ..Limits::KEV
@@ -69,7 +74,9 @@ impl ServiceArgs {
             cache_bytes: self.cache_bytes.unwrap_or_else(default_cache_bytes),
             chunk_aligned: !self.unaligned_state,
             rows_from_zero: self.rows_from_zero,
-        }
+            date_facts: self.date_facts,
+            calibration,
+        })
     }
 }
 
@@ -88,35 +95,13 @@ impl ModelArgs {
     }
 }
 
-/// Load the model the flags name.
+/// Load the model the flags name, with the service options the flags name.
 pub fn load(
     model: &ModelArgs,
     service: &ServiceArgs,
 ) -> anyhow::Result<(kev_decide::Kev<CpuBackend>, ModelInfo)> {
-    let spec = model.load_spec(service.settings())?;
-    let (mut kev, info) = kev_decide::load_cpu(&spec)
-        .with_context(|| format!("loading {}", describe(&spec.source)))?;
-    if let Some(path) = &service.calibration {
-        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let c = kev_decide::Calibration::from_bytes(&bytes)
-            .with_context(|| format!("reading {}", path.display()))?;
-        kev.head_mut().set_calibration(Some(std::sync::Arc::new(c)));
-    }
-    Ok((kev, info))
-}
-
-/// Validate and compile a request body, adding its date facts first when asked (`--date-facts`).
-pub fn admit(
-    kev: &kev_decide::Kev<CpuBackend>,
-    body: &[u8],
-    date_facts: bool,
-) -> Result<kev_decide::Job, kev_decide::Refusal> {
-    if !date_facts {
-        return kev.admit(body);
-    }
-    kev.precheck(body)?;
-    let request = kev_contract::parse_request(body)?;
-    kev.admit_request(request.with_date_facts())
+    let spec = model.load_spec(service.settings()?)?;
+    kev_decide::load_cpu(&spec).with_context(|| format!("loading {}", describe(&spec.source)))
 }
 
 fn describe(source: &Source) -> String {
@@ -135,7 +120,9 @@ pub fn demo_release() -> anyhow::Result<(PathBuf, PathBuf)> {
             PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
         });
     let (base, kev) = (root.join("base"), root.join("kev"));
-    if !base.join("config.json").is_file() || !kev.join("head.pt").is_file() {
+    let has_head =
+        kev.join("head.pt").is_file() || kev.join(kev_release::head::HEAD_JSON).is_file();
+    if !base.join("config.json").is_file() || !has_head {
         anyhow::bail!(
             "the demo release is not at {} (set KEV_DEMO_DIR to a directory with base/ and kev/)",
             root.display()

@@ -17,7 +17,8 @@ pub struct ModelArgs {
     /// The base release directory (Qwen3.5 base files); use with --kev.
     #[arg(long, requires = "kev")]
     pub base: Option<PathBuf>,
-    /// The Kev release directory (adapter, head.pt, tokenizer.json); use with --base.
+    /// The Kev release directory (adapter, tokenizer.json, and the head: head.pt, or the prepared form `kev synth`
+    /// writes); use with --base.
     #[arg(long, requires = "base")]
     pub kev: Option<PathBuf>,
     /// Weight form: `merged` (LoRA merged into BF16 weights) or `exact` (LoRA kept unmerged in fp32; needs --base/--kev).

@@ -129,6 +129,15 @@ impl Calibration {
             .unwrap_or(self.global)
     }
 
+    /// Read a calibration file (`kev calibrate --out`; `kev serve --calibration FILE`, the Python package's
+    /// `calibration=PATH`): [`Calibration::from_bytes`] of its contents, the error naming the file.
+    pub fn read(path: &std::path::Path) -> Result<Self, CalibrationError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| CalibrationError(format!("reading {}: {e}", path.display())))?;
+        Self::from_bytes(&bytes)
+            .map_err(|CalibrationError(m)| CalibrationError(format!("{}: {m}", path.display())))
+    }
+
     /// Read a calibration file (`kev calibrate --out`): `by`, `global`, `temperatures` are used, everything else
     /// (the report) is kept in the file for people. Its sha256 is remembered for `/v1/models`.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, CalibrationError> {

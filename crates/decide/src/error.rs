@@ -16,8 +16,11 @@ pub struct OverCap {
     pub field: &'static str,
     /// The cap.
     pub bound: usize,
-    /// The request's value (for `input_tokens`: a lower bound, counting stopped at the cap).
+    /// The request's value (for `input_tokens`: a lower bound, counting stopped at the cap); for a request
+    /// of several parts (a fan-out), the parts' total.
     pub value: usize,
+    /// How many parts the request was admitted as (1 for a plain request).
+    pub parts: usize,
 }
 
 impl OverCap {
@@ -31,8 +34,12 @@ impl OverCap {
                 "the state once plus every question's branch, as usage.input_tokens counts them",
             ),
         };
+        let over_parts = match self.parts {
+            0 | 1 => String::new(),
+            n => format!(" over its {n} parts"),
+        };
         format!(
-            "too much work in one request: {} is {at_least}{}, over the limit of {} ({what}); split the questions across requests",
+            "too much work in one request: {}{over_parts} is {at_least}{}, over the limit of {} ({what}); split the questions across requests",
             self.field, self.value, self.bound
         )
     }
@@ -92,10 +99,17 @@ impl WireError for Refusal {
         match self {
             Refusal::Contract(e) => e.error_body(),
             Refusal::Tokenize(e) => e.error_body(),
-            Refusal::OverCap(o) => ErrorBody::typed(self.kind(), o.message())
-                .with("field", json!(o.field))
-                .with("limit", json!(o.bound))
-                .with("value", json!(o.value)),
+            Refusal::OverCap(o) => {
+                let body = ErrorBody::typed(self.kind(), o.message())
+                    .with("field", json!(o.field))
+                    .with("limit", json!(o.bound))
+                    .with("value", json!(o.value));
+                if o.parts > 1 {
+                    body.with("parts", json!(o.parts))
+                } else {
+                    body
+                }
+            }
         }
     }
 }
@@ -153,6 +167,7 @@ mod tests {
             field: "questions",
             bound: 1024,
             value: 20000,
+            parts: 1,
         });
         assert_eq!(r.status(), 413);
         let b = r.body();

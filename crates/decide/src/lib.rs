@@ -11,6 +11,7 @@ pub mod head;
 pub mod load;
 pub mod prescan;
 pub mod rows;
+mod run;
 pub mod service;
 pub mod task;
 

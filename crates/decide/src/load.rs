@@ -3,7 +3,8 @@
 //! - a **prepared** directory (`kev prepare`): merged BF16 safetensors + text `config.json`,
 //!   `tokenizer.json`, `head.safetensors` + `kev_head.json`;
 //! - a **release**: the base repository's files (`--base`) and the Kev repository's (`--kev`: adapter,
-//!   `head.pt`, `tokenizer.json`). The LoRA is merged at load exactly as `kev prepare` merges it
+//!   `tokenizer.json`, and the head as `head.pt` or in the prepared form that `kev synth` writes — found by
+//!   `KevHead::read_dir`, the one reader of a directory's head). The LoRA is merged at load exactly as `kev prepare` merges it
 //!   (`merged`, the default) or kept unmerged in fp32 (`exact`, the author's reference arm).
 
 use std::path::{Path, PathBuf};
@@ -13,10 +14,11 @@ use std::time::SystemTime;
 use kev_engine::{
     ActivationRanges, Arm, Backbone, CpuBackend, Int8Plan, Kernels, LoadOptions, SmoothScope,
 };
-use kev_release::head::{KevHead, PreparedHead};
+use kev_release::head::KevHead;
 use kev_tokenize::KevTokenizer;
 use serde_json::{Value, json};
 
+use crate::calibrate::Calibration;
 use crate::head::PointerHead;
 use crate::service::{Kev, Settings};
 
@@ -29,7 +31,7 @@ pub enum Source {
     Release {
         /// Base repository files (config.json, sharded safetensors).
         base: PathBuf,
-        /// Kev repository files (adapter, head.pt, tokenizer.json).
+        /// Kev repository files (adapter, tokenizer.json, head.pt or the prepared head).
         kev: PathBuf,
     },
 }
@@ -130,12 +132,17 @@ pub struct ModelInfo {
     pub release_date: String,
     /// Bytes of backbone weights held in memory.
     pub weight_bytes: usize,
+    /// The bundled miniature (`kev serve --demo`): the card says so, and that its answers are for trying the
+    /// API.
+    pub demo: bool,
 }
 
 impl ModelInfo {
-    /// The `/v1/models` card fields other than `name`.
+    /// The `/v1/models` card fields other than `name`: what was loaded, and the service options of `settings`
+    /// that change answers (limits, calibration, date facts). The one card `kev serve`, `kev calibrate` and the
+    /// Python package report ([`Kev::card`]).
     pub fn card(&self, settings: &Settings) -> Value {
-        json!({
+        let mut card = json!({
             "description": format!(
                 "Kev pointer head on {}, serving {} weights ({} compute) at temperature {:.2}",
                 self.base, self.form.name(), self.arm.name(), self.temperature
@@ -149,6 +156,38 @@ impl ModelInfo {
             "x_precision": self.arm.name(),
             "x_weights": self.form.name(),
             "x_temperature": self.temperature,
+        });
+        if let (Some(obj), Value::Object(rest)) =
+            (card.as_object_mut(), Self::settings_card(settings))
+        {
+            for (k, v) in rest {
+                obj.insert(k, v);
+            }
+            if self.demo {
+                obj.insert(
+                    "description".into(),
+                    Value::String(
+                        "kev demo: kev-mini, a miniature Kev (hidden 64, 4 layers, trained on synthetic support tickets, \
+                         reviews, routing and JSON checks) in the real Kev formats; it is NOT Kev-4B: its answers are for \
+                         trying the API"
+                            .into(),
+                    ),
+                );
+                obj.insert("x_demo".into(), Value::Bool(true));
+                obj.insert("x_model".into(), Value::String("kev-mini".into()));
+                obj.insert("x_miniature".into(), Value::Bool(true));
+            }
+            // The options that change answers come last, where `/v1/models` has always listed them.
+            let calibration = settings.calibration.as_deref().map(Calibration::card);
+            obj.insert("x_calibration".into(), calibration.unwrap_or(Value::Null));
+            obj.insert("x_date_facts".into(), Value::Bool(settings.date_facts));
+        }
+        card
+    }
+
+    /// The card's fields that come from the settings alone (limits, cache, pass budget).
+    pub(crate) fn settings_card(settings: &Settings) -> Value {
+        json!({
             "x_max_state_tokens": settings.limits.max_state_tokens,
             "x_max_row_tokens": settings.limits.max_row_tokens,
             "x_truncate_states": settings.limits.truncate_state,
@@ -300,11 +339,11 @@ fn open_cpu(spec: &LoadSpec) -> Result<Opened, LoadError> {
     let (backbone, head, head_path, tok_path, desc) = match (&spec.source, spec.form) {
         (Source::Prepared(dir), WeightForm::Merged) => {
             let backbone = Backbone::load(dir, &LoadOptions::default())?;
-            let head = PreparedHead::read(dir)?.head;
+            let (head, head_path) = KevHead::read_dir(dir)?;
             (
                 backbone,
                 head,
-                dir.join("head.safetensors"),
+                head_path,
                 dir.join("tokenizer.json"),
                 format!("prepared {}", dir.display()),
             )
@@ -322,11 +361,11 @@ fn open_cpu(spec: &LoadSpec) -> Result<Opened, LoadError> {
                 ..LoadOptions::default()
             };
             let backbone = Backbone::load(base, &opts)?;
-            let head = KevHead::read_pt(&kev.join("head.pt"))?;
+            let (head, head_path) = KevHead::read_dir(kev)?;
             (
                 backbone,
                 head,
-                kev.join("head.pt"),
+                head_path,
                 kev.join("tokenizer.json"),
                 format!("release {} + {}", base.display(), kev.display()),
             )
@@ -372,9 +411,11 @@ fn finish_cpu(
         temperature: head.meta.temperature,
         release_date: file_date(&head_path),
         weight_bytes,
+        demo: false,
     };
     let model_id = fnv1a(format!("{}|{}|{}", info.source, spec.form.name(), arm.name()).as_bytes());
-    let kev = Kev::new(backend, pointer, tokenizer, spec.settings.clone(), model_id);
+    let kev = Kev::new(backend, pointer, tokenizer, spec.settings.clone(), model_id)
+        .with_info(info.clone());
     tracing::info!(
         source = %info.source,
         weights = spec.form.name(),

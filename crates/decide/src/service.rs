@@ -1,12 +1,11 @@
-//! Requests in, responses out: the orchestration of one or many decisions over a [`Backend`].
+//! Requests in, responses out: the decision service over one loaded model and a [`Backend`].
 //!
-//! For a batch of admitted requests:
-//! 1. every distinct state prefix not in the prepared-state cache runs once (rows batched through the
-//!    GEMMs), its snapshot is cached;
-//! 2. every question branch of every request continues from a clone of its request's snapshot; branches
-//!    are packed into passes of at most `pass_tokens` tokens, each pass one batched forward;
-//! 3. the pointer head turns the hidden states at the readout positions into probabilities, and the
-//!    contract shapes answers and usage.
+//! [`Kev::admit`] validates and compiles a body (the work caps and the service options — date facts — applied
+//! here, for every front end); [`Kev::task`] wraps the job for the executor, and [`Kev::pass`]
+//! (`crate::task`) runs every engine pass there is: a state prefix run once (or taken from the prepared-state
+//! cache), then every question branch continued from a clone of its snapshot, the pointer head on the readout
+//! rows, the contract shaping answers and usage. [`Kev::run`] answers admitted requests together by driving
+//! their tasks through `pass` (`crate::run`); `kev serve` drives the same tasks from its scheduler.
 //!
 //! **Exact sharing.** The snapshot is taken where the state prefix ends on a multiple of the backend's
 //! snapshot grain (the CPU's GDN chunk, 64 tokens) and the remaining `len % 64` state tokens run again at
@@ -15,18 +14,19 @@
 //! same places, and the backend computes each row independently of its batch), so sharing and caching
 //! change no bit of any probability. It costs at most 63 extra tokens per question.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kev_contract::{ResponseBody, ValidRequest, shape_answers};
-use kev_engine::{Backend, BatchRow, EngineError};
+use kev_engine::Backend;
 use kev_tokenize::{CompiledRequest, KevTokenizer, Limits, TokenizeError};
 use serde_json::{Value, json};
 
 use crate::cache::{PrefixCache, Snapshot};
+use crate::calibrate::Calibration;
 pub use crate::error::{DecideError, OverCap, Refusal};
 use crate::head::PointerHead;
+use crate::load::ModelInfo;
 
 /// Per-request work caps: a request over one is refused with 413 before the engine sees it.
 ///
@@ -55,7 +55,8 @@ impl Default for Caps {
     }
 }
 
-/// Tunables of the decision service.
+/// Every option of the decision service. The front ends (`kev` flags, the Python package's arguments) only
+/// parse into it; what a request gets from them is decided here, once.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Token limits (kev-contract §5.2) and truncate-state mode.
@@ -72,6 +73,12 @@ pub struct Settings {
     /// Run every question as its own row from zero, as the author's reference does (no sharing, no
     /// cache): for parity checks and benchmarks.
     pub rows_from_zero: bool,
+    /// Add date facts to every state naming two or more dates (`kev_contract::with_date_facts`, the author's
+    /// `KEV_DATE_FACTS=1`) before it is tokenized.
+    pub date_facts: bool,
+    /// Temperatures fitted by `kev calibrate` ([`Calibration::read`]), served by the pointer head instead
+    /// of its stored one; `None` serves the stored temperature.
+    pub calibration: Option<Arc<Calibration>>,
 }
 
 impl Default for Settings {
@@ -83,6 +90,8 @@ impl Default for Settings {
             cache_bytes: 2 << 30,
             chunk_aligned: true,
             rows_from_zero: false,
+            date_facts: false,
+            calibration: None,
         }
     }
 }
@@ -150,20 +159,23 @@ pub struct Kev<B: Backend> {
     settings: Settings,
     cache: PrefixCache<B::State>,
     model_id: u64,
+    info: Option<ModelInfo>,
     rows: AtomicU64,
     passes: AtomicU64,
 }
 
 impl<B: Backend> Kev<B> {
-    /// Assemble a service. `model_id` identifies the weights, form and arm in cache keys.
+    /// Assemble a service. `model_id` identifies the weights, form and arm in cache keys. The head serves
+    /// `settings.calibration` when there is one.
     pub fn new(
         backend: B,
-        head: PointerHead,
+        mut head: PointerHead,
         tokenizer: KevTokenizer,
         settings: Settings,
         model_id: u64,
     ) -> Self {
         let cache = PrefixCache::new(settings.cache_bytes);
+        head.set_calibration(settings.calibration.clone());
         Kev {
             backend,
             head,
@@ -171,8 +183,29 @@ impl<B: Backend> Kev<B> {
             settings,
             cache,
             model_id,
+            info: None,
             rows: AtomicU64::new(0),
             passes: AtomicU64::new(0),
+        }
+    }
+
+    /// What was loaded ([`crate::load_cpu`] sets it), for the model card.
+    pub fn with_info(mut self, info: ModelInfo) -> Self {
+        self.info = Some(info);
+        self
+    }
+
+    /// What was loaded, if the loader said.
+    pub fn info(&self) -> Option<&ModelInfo> {
+        self.info.as_ref()
+    }
+
+    /// The `/v1/models` card fields other than `name` ([`ModelInfo::card`] with the settings in force): what
+    /// `kev serve`, `kev calibrate` and the Python package report.
+    pub fn card(&self) -> Value {
+        match &self.info {
+            Some(info) => info.card(&self.settings),
+            None => ModelInfo::settings_card(&self.settings),
         }
     }
 
@@ -191,11 +224,6 @@ impl<B: Backend> Kev<B> {
         &self.head
     }
 
-    /// The pointer head, to set a calibration before serving.
-    pub fn head_mut(&mut self) -> &mut PointerHead {
-        &mut self.head
-    }
-
     /// The settings in force.
     pub fn settings(&self) -> &Settings {
         &self.settings
@@ -210,94 +238,84 @@ impl<B: Backend> Kev<B> {
         }
     }
 
-    /// Validate and compile a request body.
+    /// Validate and compile a request body: the work caps first (the question count before the body is parsed
+    /// in full), the date facts when the settings ask for them, then the rows, tokenizing stopped at the first
+    /// limit passed.
     pub fn admit(&self, body: &[u8]) -> Result<Job, Refusal> {
-        self.precheck(body)?;
+        let mut tally = Tally::new(self.settings.caps, 1);
+        self.admit_part(body, &mut tally)
+    }
+
+    /// Admit several bodies as the parts of one request (a fan-out: `/v1/systemone/permute`, `/separate`):
+    /// each part is admitted as a request of its own, and the work caps hold for the parts *together* (a 413
+    /// names the cap and the parts' total). All or nothing: one refused part refuses them all.
+    pub fn admit_parts<T: AsRef<[u8]>>(&self, bodies: &[T]) -> Result<Vec<Job>, Refusal> {
+        let mut tally = Tally::new(self.settings.caps, bodies.len());
+        // Every part's question count first (a cheap scan), so that an oversized fan-out parses nothing.
+        for body in bodies {
+            if let Some(n) = crate::prescan::question_count(body.as_ref()) {
+                tally.add_questions(n)?;
+            }
+        }
+        tally.questions = 0;
+        bodies
+            .iter()
+            .map(|b| self.admit_part(b.as_ref(), &mut tally))
+            .collect()
+    }
+
+    fn admit_part(&self, body: &[u8], tally: &mut Tally) -> Result<Job, Refusal> {
+        if let Some(n) = crate::prescan::question_count(body) {
+            tally.check_questions(n)?;
+        }
         let value = kev_contract::parse_body(body)?;
         // The question cap before validation, which renders every question (again here for the bodies
         // the pre-scan leaves to the full reader).
-        let caps = &self.settings.caps;
         if let Some(n) = value
             .get("questions")
             .and_then(Value::as_object)
             .map(|q| q.len())
-            && n > caps.max_questions
         {
-            return Err(Refusal::from(OverCap {
-                field: "questions",
-                bound: caps.max_questions,
-                value: n,
-            }));
+            tally.check_questions(n)?;
         }
         let request = kev_contract::validate(value)?;
-        self.admit_request(request)
+        self.compile(request, tally)
     }
 
     /// Refuse a body over the question cap before it is parsed in full (413): a cheap scan counts its
     /// questions as the full reader would (see [`crate::prescan`]). Bodies the scan cannot read pass; the
     /// full reader and [`Kev::admit_request`] judge them.
     pub fn precheck(&self, body: &[u8]) -> Result<(), Refusal> {
-        let cap = self.settings.caps.max_questions;
         match crate::prescan::question_count(body) {
-            Some(n) if n > cap => Err(Refusal::from(OverCap {
-                field: "questions",
-                bound: cap,
-                value: n,
-            })),
-            _ => Ok(()),
+            Some(n) => Tally::new(self.settings.caps, 1).check_questions(n),
+            None => Ok(()),
         }
     }
 
-    /// Compile an already validated request: the question and option caps first (nothing tokenized yet),
-    /// then the rows, tokenizing stopped at the first limit passed.
+    /// Compile an already validated request (with its date facts, when the settings ask for them): the question
+    /// and option caps first (nothing tokenized yet), then the rows, tokenizing stopped at the first limit
+    /// passed.
     pub fn admit_request(&self, request: ValidRequest) -> Result<Job, Refusal> {
-        let caps = &self.settings.caps;
-        let questions = request.questions().len();
-        if questions > caps.max_questions {
-            return Err(Refusal::from(OverCap {
-                field: "questions",
-                bound: caps.max_questions,
-                value: questions,
-            }));
-        }
-        let options: usize = request.questions().iter().map(|q| q.options().len()).sum();
-        if options > caps.max_options {
-            return Err(Refusal::from(OverCap {
-                field: "options",
-                bound: caps.max_options,
-                value: options,
-            }));
-        }
+        self.compile(request, &mut Tally::new(self.settings.caps, 1))
+    }
+
+    fn compile(&self, request: ValidRequest, tally: &mut Tally) -> Result<Job, Refusal> {
+        let request = if self.settings.date_facts {
+            request.with_date_facts()
+        } else {
+            request
+        };
+        tally.add_questions(request.questions().len())?;
+        tally.add_options(request.questions().iter().map(|q| q.options().len()).sum())?;
         let compiled = self
             .tokenizer
-            .compile_capped(&request, &self.settings.limits, caps.max_input_tokens)
+            .compile_capped(&request, &self.settings.limits, tally.tokens_left())
             .map_err(|e| match e {
-                TokenizeError::TooMuchWork { at_least, limit } => Refusal::from(OverCap {
-                    field: "input_tokens",
-                    bound: limit,
-                    value: at_least,
-                }),
+                TokenizeError::TooMuchWork { at_least, .. } => tally.over_tokens(at_least),
                 e => Refusal::from(e),
             })?;
+        tally.tokens += compiled.input_tokens();
         Ok(Job { request, compiled })
-    }
-
-    /// Answer one request body end to end (`kev decide`).
-    pub fn decide(&self, body: &[u8]) -> Result<Result<Decision, DecideError>, Refusal> {
-        let job = self.admit(body)?;
-        Ok(self
-            .run(&[&job])
-            .pop()
-            .unwrap_or(Err(DecideError::Unanswered("no result"))))
-    }
-
-    /// Answer admitted requests together: their state prefixes and question branches share passes.
-    /// One result per job, in order.
-    pub fn run(&self, jobs: &[&Job]) -> Vec<Result<Decision, DecideError>> {
-        jobs.iter()
-            .zip(self.probabilities(jobs))
-            .map(|(job, probs)| probs.and_then(|p| self.respond_to(job, p)))
-            .collect()
     }
 
     pub(crate) fn respond_to(
@@ -331,179 +349,6 @@ impl<B: Backend> Kev<B> {
             state_len / grain * grain
         } else {
             state_len
-        }
-    }
-
-    /// Per job, its per-question probabilities (or that job's engine error).
-    fn probabilities(&self, jobs: &[&Job]) -> Vec<Result<Vec<Vec<f32>>, DecideError>> {
-        // 1. Snapshots: from the cache, or run each distinct missing prefix once.
-        let mut snapshots: Vec<Option<Snapshot<B::State>>> = Vec::with_capacity(jobs.len());
-        let mut missing: HashMap<&[u32], Vec<usize>> = HashMap::new();
-        let mut missing_order: Vec<&[u32]> = Vec::new();
-        for (j, job) in jobs.iter().enumerate() {
-            let ids = job.compiled.state_ids();
-            let aligned = self.split_at(ids.len());
-            if aligned == 0 {
-                snapshots.push(Some(Snapshot {
-                    state: self.backend.new_state(),
-                    aligned: 0,
-                }));
-                continue;
-            }
-            let cached = if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
-                self.cache.get(self.model_id, ids)
-            } else {
-                None
-            };
-            match cached {
-                Some(s) => snapshots.push(Some(s)),
-                None => {
-                    snapshots.push(None);
-                    let entry = missing.entry(ids).or_default();
-                    if entry.is_empty() {
-                        missing_order.push(ids);
-                    }
-                    entry.push(j);
-                }
-            }
-        }
-        let mut failed: Vec<Option<Arc<EngineError>>> = vec![None; jobs.len()];
-        let prefix_rows: Vec<(&[u32], usize)> = missing_order
-            .iter()
-            .map(|ids| (*ids, self.split_at(ids.len())))
-            .collect();
-        self.forward_in_passes(
-            prefix_rows.iter().map(|(_, a)| *a),
-            |_| self.backend.new_state(),
-            |i| (&prefix_rows[i].0[..prefix_rows[i].1], &[][..]),
-            |i, result| {
-                let (ids, aligned) = prefix_rows[i];
-                match result {
-                    Ok((state, _)) => {
-                        let snap = Snapshot { state, aligned };
-                        if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
-                            let bytes = self.backend.state_bytes(&snap.state);
-                            self.cache.put(self.model_id, ids, snap.clone(), bytes);
-                        }
-                        for &j in &missing[ids] {
-                            snapshots[j] = Some(snap.clone());
-                        }
-                    }
-                    Err(e) => {
-                        for &j in &missing[ids] {
-                            failed[j] = Some(Arc::clone(&e));
-                        }
-                    }
-                }
-            },
-        );
-
-        // 2. Branches: (job, question, tokens, wanted) packed into passes.
-        struct BranchRow {
-            job: usize,
-            tokens: Vec<u32>,
-            wanted: Vec<usize>,
-        }
-        let mut branch_rows: Vec<BranchRow> = Vec::new();
-        for (j, job) in jobs.iter().enumerate() {
-            let Some(snap) = &snapshots[j] else { continue };
-            let ids = job.compiled.state_ids();
-            let tail = &ids[snap.aligned..];
-            for b in job.compiled.branches() {
-                let mut tokens = Vec::with_capacity(tail.len() + b.len());
-                tokens.extend_from_slice(tail);
-                tokens.extend_from_slice(b.ids());
-                let off = snap.aligned;
-                let wanted = b
-                    .option_ends()
-                    .iter()
-                    .map(|&i| i - off)
-                    .chain(std::iter::once(b.decide() - off))
-                    .collect();
-                branch_rows.push(BranchRow {
-                    job: j,
-                    tokens,
-                    wanted,
-                });
-            }
-        }
-        let mut hidden: Vec<Option<Vec<f32>>> = vec![None; branch_rows.len()];
-        self.forward_in_passes(
-            branch_rows.iter().map(|r| r.tokens.len()),
-            |i| {
-                snapshots[branch_rows[i].job]
-                    .as_ref()
-                    .map(|s| s.state.clone())
-                    .unwrap_or_else(|| self.backend.new_state())
-            },
-            |i| (&branch_rows[i].tokens[..], &branch_rows[i].wanted[..]),
-            |i, result| match result {
-                // The branch's own state is dropped here: only its readout rows are kept.
-                Ok((_, h)) => hidden[i] = Some(h),
-                Err(e) => failed[branch_rows[i].job] = Some(e),
-            },
-        );
-
-        // 3. Head: per job, per question, in order.
-        let mut out: Vec<Result<Vec<Vec<f32>>, DecideError>> = (0..jobs.len())
-            .map(|j| match (&failed[j], &snapshots[j]) {
-                (Some(e), _) => Err(DecideError::Engine(Arc::clone(e))),
-                (None, None) => Err(DecideError::Unanswered("state prefix did not run")),
-                (None, Some(_)) => Ok(Vec::new()),
-            })
-            .collect();
-        for (row, h) in branch_rows.iter().zip(hidden) {
-            if let (Ok(list), Some(h)) = (&mut out[row.job], h) {
-                // Branches are in question order, so the list's length is this branch's question.
-                let kind = jobs[row.job].request.questions()[list.len()].kind();
-                list.push(self.head.probabilities_for(&h, kind));
-            }
-        }
-        out
-    }
-
-    /// Run rows (given by their token counts) in passes of at most `pass_tokens` tokens: `state(i)` makes
-    /// row `i`'s starting state when its pass begins (so only one pass's states are alive at a time),
-    /// `input(i)` gives its tokens and wanted indices, and `done(i, …)` receives its final state and hidden
-    /// rows, or the pass's error (shared by every row of the pass).
-    fn forward_in_passes<'a>(
-        &self,
-        lens: impl Iterator<Item = usize>,
-        state: impl Fn(usize) -> B::State,
-        input: impl Fn(usize) -> (&'a [u32], &'a [usize]),
-        mut done: impl FnMut(usize, Result<(B::State, Vec<f32>), Arc<EngineError>>),
-    ) {
-        for pass in passes(lens, self.settings.pass_tokens) {
-            let mut states: Vec<B::State> = pass.iter().map(|&i| state(i)).collect();
-            let result = {
-                let mut rows: Vec<BatchRow<'_, B::State>> = states
-                    .iter_mut()
-                    .zip(&pass)
-                    .map(|(state, &i)| {
-                        let (tokens, wanted) = input(i);
-                        BatchRow {
-                            state,
-                            tokens,
-                            wanted,
-                        }
-                    })
-                    .collect();
-                self.count_pass(rows.len());
-                self.backend.forward(&mut rows)
-            };
-            match result {
-                Ok(hidden) => {
-                    for ((st, h), &i) in states.into_iter().zip(hidden).zip(&pass) {
-                        done(i, Ok((st, h)));
-                    }
-                }
-                Err(e) => {
-                    let e = Arc::new(e);
-                    for &i in &pass {
-                        done(i, Err(Arc::clone(&e)));
-                    }
-                }
-            }
         }
     }
 
@@ -553,37 +398,69 @@ impl<B: Backend> Kev<B> {
     }
 }
 
-/// Split items (by token count) into consecutive passes of at most `budget` tokens; an item over the
-/// budget runs alone.
-fn passes(lens: impl Iterator<Item = usize>, budget: usize) -> Vec<Vec<usize>> {
-    let mut out: Vec<Vec<usize>> = Vec::new();
-    let mut cur: Vec<usize> = Vec::new();
-    let mut tokens = 0usize;
-    for (i, len) in lens.enumerate() {
-        if !cur.is_empty() && tokens + len > budget {
-            out.push(std::mem::take(&mut cur));
-            tokens = 0;
-        }
-        cur.push(i);
-        tokens += len;
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
+/// The work caps' running totals over the parts of one request (one part for a plain request).
+struct Tally {
+    caps: Caps,
+    parts: usize,
+    questions: usize,
+    options: usize,
+    tokens: usize,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::passes;
+impl Tally {
+    fn new(caps: Caps, parts: usize) -> Self {
+        Tally {
+            caps,
+            parts,
+            questions: 0,
+            options: 0,
+            tokens: 0,
+        }
+    }
 
-    #[test]
-    fn passes_respect_the_budget_and_keep_order() {
-        assert_eq!(
-            passes([10, 20, 30, 50, 5].into_iter(), 60),
-            vec![vec![0, 1, 2], vec![3, 4]]
-        );
-        assert_eq!(passes([100, 1].into_iter(), 60), vec![vec![0], vec![1]]);
-        assert!(passes(std::iter::empty(), 60).is_empty());
+    fn over(&self, field: &'static str, bound: usize, value: usize) -> Refusal {
+        Refusal::from(OverCap {
+            field,
+            bound,
+            value,
+            parts: self.parts,
+        })
+    }
+
+    /// Refuse `n` more questions if they would pass the cap (nothing counted).
+    fn check_questions(&self, n: usize) -> Result<(), Refusal> {
+        let total = self.questions + n;
+        if total > self.caps.max_questions {
+            return Err(self.over("questions", self.caps.max_questions, total));
+        }
+        Ok(())
+    }
+
+    fn add_questions(&mut self, n: usize) -> Result<(), Refusal> {
+        self.check_questions(n)?;
+        self.questions += n;
+        Ok(())
+    }
+
+    fn add_options(&mut self, n: usize) -> Result<(), Refusal> {
+        self.options += n;
+        if self.options > self.caps.max_options {
+            return Err(self.over("options", self.caps.max_options, self.options));
+        }
+        Ok(())
+    }
+
+    /// Input tokens the next part may still have.
+    fn tokens_left(&self) -> usize {
+        self.caps.max_input_tokens.saturating_sub(self.tokens)
+    }
+
+    /// The refusal of a part whose tokenizing stopped at `at_least` tokens, past what was left.
+    fn over_tokens(&self, at_least: usize) -> Refusal {
+        self.over(
+            "input_tokens",
+            self.caps.max_input_tokens,
+            self.tokens + at_least,
+        )
     }
 }

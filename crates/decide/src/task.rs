@@ -1,28 +1,33 @@
-//! Requests in flight, advanced one engine pass at a time, so that a scheduler can interleave the passes of
-//! many requests (a long state does not hold the engine until it is done).
+//! The executor: requests in flight, advanced one engine pass at a time. Every decision kev makes runs here —
+//! `kev serve`'s scheduler grants the passes of many requests interleaved (a long state does not hold the
+//! engine until it is done), [`Kev::run`] (`crate::run`) grants them to answer a batch at once.
 //!
 //! A [`Task`] is an admitted [`Job`] plus its progress:
 //! 1. **prefix**: the state prefix `S[..aligned]` (aligned = the last multiple of 64, see [`crate::service`])
 //!    runs from zero in *chunks*, each ending on a multiple of 64 tokens, the backend state carried from one
-//!    chunk to the next. The chunked GDN and the attention over the cache split work at the same 64-token
-//!    boundaries whether the prefix runs at once or in pieces, so a chunked prefix is bit-equal to the one-pass
-//!    prefix (tested against [`Kev::run`] on every fixture);
+//!    chunk to the next — unless the prepared-state cache holds it. The chunked GDN and the attention over the
+//!    cache split work at the same 64-token boundaries whether the prefix runs at once or in pieces, so a
+//!    chunked prefix is bit-equal to the one-pass prefix (tested on every fixture);
 //! 2. **branches**: every question's row continues from a clone of that snapshot, as many rows per pass as the
 //!    grant allows (at least one);
-//! 3. **done**: the head and the answer, as in [`Kev::run`].
+//! 3. **done**: the head and the answer.
 //!
 //! [`Kev::need`] says what a task has left, [`Kev::pass`] runs one forward pass over several tasks, each
-//! advanced by at most its grant of tokens (always by at least one unit: 64 prefix tokens or one row).
+//! advanced by at most its grant of tokens (always by at least one unit: 64 prefix tokens or one row). The
+//! rows of a pass are built in one place ([`Kev::pass`], branch rows by `branch_row`).
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use kev_engine::{Backend, BatchRow};
+use kev_tokenize::Branch;
 
 use crate::cache::Snapshot;
 use crate::service::{DecideError, Decision, Job, Kev};
 
 /// What a task has left to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Need {
     /// Tokens of its current phase (the rest of the prefix, or every branch row left).
     pub phase: usize,
@@ -33,7 +38,7 @@ pub struct Need {
 }
 
 enum Progress<S> {
-    /// The prefix has not started; the cache is asked when it does.
+    /// Not started; the cache is asked when it is first granted a pass.
     Fresh,
     /// `done` of `aligned` prefix tokens have run into `state`.
     Prefix { state: S, done: usize },
@@ -43,34 +48,51 @@ enum Progress<S> {
         next: usize,
         probabilities: Vec<Vec<f32>>,
     },
-    /// Answered or failed (taken by [`Kev::pass`]).
+    /// Answered or failed (its [`Step::Done`] was returned).
     Finished,
 }
 
-/// A request in flight.
-pub struct Task<S> {
-    job: Job,
+/// A request in flight: its job (owned, or borrowed as `&Job` by [`Kev::run`]) and its progress.
+pub struct Task<S, J = Job> {
+    job: J,
     aligned: usize,
     row_lens: Vec<usize>,
     progress: Progress<S>,
 }
 
-impl<S> Task<S> {
+impl<S, J: Borrow<Job>> Task<S, J> {
     /// The admitted job.
     pub fn job(&self) -> &Job {
-        &self.job
+        self.job.borrow()
+    }
+
+    /// Where its state prefix stands, while it has one to run: `(its state ids, prefix tokens done)`. Two tasks
+    /// at the same point run the same next prefix piece for the same grant, and [`Kev::pass`] runs it once.
+    pub(crate) fn prefix_point(&self) -> Option<(&[u32], usize)> {
+        let done = match &self.progress {
+            Progress::Fresh if self.aligned > 0 => 0,
+            Progress::Prefix { done, .. } => *done,
+            _ => return None,
+        };
+        Some((self.job().compiled().state_ids(), done))
+    }
+
+    /// Whether its answer was returned.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.progress, Progress::Finished)
     }
 }
 
 /// One task's share of a pass.
-pub struct Grant<'a, S> {
+pub struct Grant<'a, S, J = Job> {
     /// The task.
-    pub task: &'a mut Task<S>,
+    pub task: &'a mut Task<S, J>,
     /// Most tokens it may run in this pass (it always runs at least one unit).
     pub tokens: usize,
 }
 
 /// What a pass did for one task.
+#[derive(Debug)]
 pub enum Step {
     /// More passes needed.
     Running,
@@ -78,28 +100,42 @@ pub enum Step {
     Done(Result<Decision, DecideError>),
 }
 
-/// Where a task's rows come from in a pass.
-enum Piece {
-    /// Prefix tokens `from..to` into the task's own state (or a copy of a twin's, see `twin`).
+/// What a task runs in one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Piece {
+    /// Prefix tokens `from..to`, continuing the task's own state (or, for a twin, a copy of its first
+    /// twin's result).
     Prefix { from: usize, to: usize },
-    /// Branch rows `from..to`.
+    /// Branch rows `from..to` (question order).
     Rows { from: usize, to: usize },
-    /// Nothing to run (the cache answered the prefix).
-    Skip,
+    /// Nothing: the task had finished before this pass (a caller's mistake, answered as such).
+    Finished,
+}
+
+/// A question's row from a snapshot taken after `aligned` state tokens: the state's remaining tokens, then the
+/// question's; its wanted rows are the options' `<|box_end|>`s and the `<|fim_suffix|>`, shifted by `aligned`.
+fn branch_row(state_ids: &[u32], aligned: usize, branch: &Branch) -> (Vec<u32>, Vec<usize>) {
+    let tail = &state_ids[aligned..];
+    let mut tokens = Vec::with_capacity(tail.len() + branch.len());
+    tokens.extend_from_slice(tail);
+    tokens.extend_from_slice(branch.ids());
+    let wanted = branch
+        .option_ends()
+        .iter()
+        .map(|&k| k - aligned)
+        .chain(std::iter::once(branch.decide() - aligned))
+        .collect();
+    (tokens, wanted)
 }
 
 impl<B: Backend> Kev<B> {
-    /// A task for an admitted job.
-    pub fn task(&self, job: Job) -> Task<B::State> {
-        let ids = job.compiled().state_ids();
+    /// A task for an admitted job (owned, or borrowed: any `J: Borrow<Job>`).
+    pub fn task<J: Borrow<Job>>(&self, job: J) -> Task<B::State, J> {
+        let compiled = job.borrow().compiled();
+        let ids = compiled.state_ids();
         let aligned = self.split_at(ids.len());
         let tail = ids.len() - aligned;
-        let row_lens = job
-            .compiled()
-            .branches()
-            .iter()
-            .map(|b| tail + b.len())
-            .collect();
+        let row_lens = compiled.branches().iter().map(|b| tail + b.len()).collect();
         Task {
             job,
             aligned,
@@ -108,8 +144,8 @@ impl<B: Backend> Kev<B> {
         }
     }
 
-    /// What the task has left.
-    pub fn need(&self, task: &Task<B::State>) -> Need {
+    /// What the task has left (a fresh task's prefix counts in full: the cache is asked when it starts).
+    pub fn need<J: Borrow<Job>>(&self, task: &Task<B::State, J>) -> Need {
         let rows: usize = task.row_lens.iter().sum();
         match &task.progress {
             Progress::Fresh | Progress::Prefix { .. } => {
@@ -119,7 +155,7 @@ impl<B: Backend> Kev<B> {
                 };
                 let phase = task.aligned - done;
                 if phase == 0 {
-                    return self.rows_need(task, 0);
+                    return Self::rows_need(task, 0);
                 }
                 Need {
                     phase,
@@ -127,16 +163,12 @@ impl<B: Backend> Kev<B> {
                     remaining: phase + rows,
                 }
             }
-            Progress::Branches { next, .. } => self.rows_need(task, *next),
-            Progress::Finished => Need {
-                phase: 0,
-                unit: 0,
-                remaining: 0,
-            },
+            Progress::Branches { next, .. } => Self::rows_need(task, *next),
+            Progress::Finished => Need::default(),
         }
     }
 
-    fn rows_need(&self, task: &Task<B::State>, next: usize) -> Need {
+    fn rows_need<J>(task: &Task<B::State, J>, next: usize) -> Need {
         let phase: usize = task.row_lens[next..].iter().sum();
         Need {
             phase,
@@ -145,61 +177,74 @@ impl<B: Backend> Kev<B> {
         }
     }
 
+    /// What the task would run for a grant of `tokens` (a fresh task as if its prefix were not cached).
+    pub(crate) fn piece<J>(&self, task: &Task<B::State, J>, tokens: usize) -> Piece {
+        let (prefix_done, next) = match &task.progress {
+            Progress::Fresh if task.aligned > 0 => (Some(0), 0),
+            Progress::Fresh => (None, 0),
+            Progress::Prefix { done, .. } => (Some(*done), 0),
+            Progress::Branches { next, .. } => (None, *next),
+            Progress::Finished => return Piece::Finished,
+        };
+        if let Some(done) = prefix_done {
+            let left = task.aligned - done;
+            let take = if tokens >= left {
+                left
+            } else {
+                let grain = self.backend().snapshot_grain();
+                (tokens / grain * grain).max(grain).min(left)
+            };
+            return Piece::Prefix {
+                from: done,
+                to: done + take,
+            };
+        }
+        let mut to = next;
+        let mut sum = 0;
+        while to < task.row_lens.len() && (to == next || sum + task.row_lens[to] <= tokens) {
+            sum += task.row_lens[to];
+            to += 1;
+        }
+        Piece::Rows { from: next, to }
+    }
+
+    /// Tokens a piece runs.
+    pub(crate) fn piece_tokens<J>(task: &Task<B::State, J>, piece: Piece) -> usize {
+        match piece {
+            Piece::Prefix { from, to } => to - from,
+            Piece::Rows { from, to } => task.row_lens[from..to].iter().sum(),
+            Piece::Finished => 0,
+        }
+    }
+
     /// One forward pass over the granted tasks. Per grant, in order: whether the task finished.
-    pub fn pass(&self, grants: &mut [Grant<'_, B::State>]) -> Vec<Step> {
+    pub fn pass<J: Borrow<Job>>(&self, grants: &mut [Grant<'_, B::State, J>]) -> Vec<Step> {
         // 1. What each task runs; a fresh task asks the cache first.
         let mut pieces = Vec::with_capacity(grants.len());
         for g in grants.iter_mut() {
-            let task = &mut *g.task;
-            if matches!(task.progress, Progress::Fresh) {
-                self.start(task);
+            if matches!(g.task.progress, Progress::Fresh) {
+                self.start(g.task);
             }
-            let piece = match &task.progress {
-                Progress::Prefix { done, .. } => {
-                    let left = task.aligned - done;
-                    let take = if g.tokens >= left {
-                        left
-                    } else {
-                        let grain = self.backend().snapshot_grain();
-                        (g.tokens / grain * grain).max(grain).min(left)
-                    };
-                    Piece::Prefix {
-                        from: *done,
-                        to: done + take,
-                    }
-                }
-                Progress::Branches { next, .. } => {
-                    let mut to = *next;
-                    let mut sum = 0;
-                    while to < task.row_lens.len()
-                        && (to == *next || sum + task.row_lens[to] <= g.tokens)
-                    {
-                        sum += task.row_lens[to];
-                        to += 1;
-                    }
-                    Piece::Rows { from: *next, to }
-                }
-                Progress::Fresh | Progress::Finished => Piece::Skip,
-            };
-            pieces.push(piece);
+            pieces.push(self.piece(g.task, g.tokens));
         }
 
         // 2. Identical prefix pieces (same state ids, same span) run once; the twins copy the result.
         let mut first_of: HashMap<(&[u32], usize, usize), usize> = HashMap::new();
         let mut twin: Vec<Option<usize>> = vec![None; grants.len()];
         for (i, piece) in pieces.iter().enumerate() {
-            if let Piece::Prefix { from, to } = piece {
-                let ids = grants[i].task.job.compiled().state_ids();
-                match first_of.get(&(ids, *from, *to)) {
+            if let Piece::Prefix { from, to } = *piece {
+                let ids = grants[i].task.job().compiled().state_ids();
+                match first_of.get(&(ids, from, to)) {
                     Some(&j) => twin[i] = Some(j),
                     None => {
-                        first_of.insert((ids, *from, *to), i);
+                        first_of.insert((ids, from, to), i);
                     }
                 }
             }
         }
 
-        // 3. The rows of the pass.
+        // 3. The rows of the pass: prefix pieces continue their task's state, branch rows a clone of the
+        // snapshot.
         struct RowSrc {
             grant: usize,
             tokens: Vec<u32>,
@@ -209,35 +254,22 @@ impl<B: Backend> Kev<B> {
         let mut states: Vec<B::State> = Vec::new();
         for (i, piece) in pieces.iter().enumerate() {
             let task = &*grants[i].task;
-            let ids = task.job.compiled().state_ids();
-            match piece {
-                Piece::Prefix { from, to } if twin[i].is_none() => {
-                    let Progress::Prefix { state, .. } = &task.progress else {
-                        continue;
-                    };
+            let compiled = task.job().compiled();
+            let ids = compiled.state_ids();
+            match (*piece, &task.progress) {
+                (Piece::Prefix { from, to }, Progress::Prefix { state, .. })
+                    if twin[i].is_none() =>
+                {
                     states.push(state.clone());
                     srcs.push(RowSrc {
                         grant: i,
-                        tokens: ids[*from..*to].to_vec(),
+                        tokens: ids[from..to].to_vec(),
                         wanted: Vec::new(),
                     });
                 }
-                Piece::Rows { from, to } => {
-                    let Progress::Branches { snapshot, .. } = &task.progress else {
-                        continue;
-                    };
-                    let tail = &ids[snapshot.aligned..];
-                    let off = snapshot.aligned;
-                    for b in &task.job.compiled().branches()[*from..*to] {
-                        let mut tokens = Vec::with_capacity(tail.len() + b.len());
-                        tokens.extend_from_slice(tail);
-                        tokens.extend_from_slice(b.ids());
-                        let wanted = b
-                            .option_ends()
-                            .iter()
-                            .map(|&k| k - off)
-                            .chain(std::iter::once(b.decide() - off))
-                            .collect();
+                (Piece::Rows { from, to }, Progress::Branches { snapshot, .. }) => {
+                    for b in &compiled.branches()[from..to] {
+                        let (tokens, wanted) = branch_row(ids, snapshot.aligned, b);
                         states.push(snapshot.state.clone());
                         srcs.push(RowSrc {
                             grant: i,
@@ -266,15 +298,24 @@ impl<B: Backend> Kev<B> {
         };
 
         // 4. Progress.
-        let mut steps: Vec<Step> = (0..grants.len()).map(|_| Step::Running).collect();
+        let mut steps: Vec<Step> = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Finished => Step::Done(Err(DecideError::Unanswered(
+                    "granted a pass after its answer was returned",
+                ))),
+                _ => Step::Running,
+            })
+            .collect();
         let hidden = match result {
             Ok(h) => h,
             Err(e) => {
-                let e = std::sync::Arc::new(e);
+                // The pass's error is every task's in it (the engine cannot say whose row failed).
+                let e = Arc::new(e);
                 for (i, piece) in pieces.iter().enumerate() {
-                    if !matches!(piece, Piece::Skip) {
+                    if *piece != Piece::Finished {
                         grants[i].task.progress = Progress::Finished;
-                        steps[i] = Step::Done(Err(DecideError::Engine(std::sync::Arc::clone(&e))));
+                        steps[i] = Step::Done(Err(DecideError::Engine(Arc::clone(&e))));
                     }
                 }
                 return steps;
@@ -283,15 +324,15 @@ impl<B: Backend> Kev<B> {
         let mut prefix_state: Vec<Option<B::State>> = (0..grants.len()).map(|_| None).collect();
         let mut rows_out: Vec<Vec<Vec<f32>>> = (0..grants.len()).map(|_| Vec::new()).collect();
         for ((src, state), h) in srcs.iter().zip(states).zip(hidden) {
-            match pieces[src.grant] {
-                Piece::Prefix { .. } => prefix_state[src.grant] = Some(state),
+            let g = src.grant;
+            match pieces[g] {
+                Piece::Prefix { .. } => prefix_state[g] = Some(state),
                 Piece::Rows { from, .. } => {
                     // Rows run in question order from `from`: the calibration is chosen per question kind.
-                    let g = src.grant;
-                    let kind = grants[g].task.job.question_kind(from + rows_out[g].len());
+                    let kind = grants[g].task.job().question_kind(from + rows_out[g].len());
                     rows_out[g].push(self.head().probabilities_for(&h, kind));
                 }
-                Piece::Skip => rows_out[src.grant].push(self.head().probabilities(&h)),
+                Piece::Finished => {}
             }
         }
         for i in 0..grants.len() {
@@ -307,7 +348,7 @@ impl<B: Backend> Kev<B> {
                             aligned: task.aligned,
                         };
                         if twin[i].is_none() {
-                            self.remember(task.job.compiled().state_ids(), &snapshot);
+                            self.remember(task.job().compiled().state_ids(), &snapshot);
                         }
                         task.progress = Progress::Branches {
                             snapshot,
@@ -336,35 +377,32 @@ impl<B: Backend> Kev<B> {
                         && let Progress::Branches { probabilities, .. } =
                             std::mem::replace(&mut task.progress, Progress::Finished)
                     {
-                        steps[i] = Step::Done(self.respond_to(&task.job, probabilities));
+                        steps[i] = Step::Done(self.respond_to(task.job(), probabilities));
                     }
                 }
-                Piece::Skip => {}
+                Piece::Finished => {}
             }
         }
         steps
     }
 
     /// Begin a task: from the cache when its prefix is there, else from the empty state.
-    fn start(&self, task: &mut Task<B::State>) {
-        let ids = task.job.compiled().state_ids();
+    fn start<J: Borrow<Job>>(&self, task: &mut Task<B::State, J>) {
+        let questions = task.row_lens.len();
+        let branches = |snapshot| Progress::Branches {
+            snapshot,
+            next: 0,
+            probabilities: Vec::with_capacity(questions),
+        };
         if task.aligned == 0 {
-            task.progress = Progress::Branches {
-                snapshot: Snapshot {
-                    state: self.backend().new_state(),
-                    aligned: 0,
-                },
-                next: 0,
-                probabilities: Vec::with_capacity(task.row_lens.len()),
-            };
+            task.progress = branches(Snapshot {
+                state: self.backend().new_state(),
+                aligned: 0,
+            });
             return;
         }
-        task.progress = match self.cached(ids) {
-            Some(snapshot) => Progress::Branches {
-                snapshot,
-                next: 0,
-                probabilities: Vec::with_capacity(task.row_lens.len()),
-            },
+        task.progress = match self.cached(task.job().compiled().state_ids()) {
+            Some(snapshot) => branches(snapshot),
             None => Progress::Prefix {
                 state: self.backend().new_state(),
                 done: 0,

@@ -1,14 +1,16 @@
 //! `kev._kev`: the native half of the `kev` Python package. It holds one loaded model
 //! ([`kev_decide::Kev`]) and answers request bodies through exactly the calls `kev decide` and `kev serve`
-//! make: [`kev_decide::load_cpu`] to load, `Kev::admit` to validate and compile, `Kev::run` over jobs
-//! grouped by the same token budget the server's queue packs passes by. Bodies cross the boundary as
-//! bytes and answers as compact JSON text (the server's exact response bytes); the Python half
-//! (`python/kev/__init__.py`) turns them into dicts and exceptions. The GIL is released while the model
-//! loads and while requests run.
+//! make: the arguments parsed into [`kev_decide::Settings`] (every service option — calibration, date facts,
+//! caps, truncation — is applied by the library, as for `kev serve`), [`kev_decide::load_cpu`] to load,
+//! `Kev::admit` to validate and compile, `Kev::run` (the executor's passes, filled up to the pass budget) to
+//! answer; the card is the library's (`Kev::card`). Bodies cross the boundary as bytes and answers as compact
+//! JSON text (the server's exact response bytes); the Python half (`python/kev/__init__.py`) turns them into
+//! dicts and exceptions. The GIL is released while the model loads and while requests run.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use kev_decide::{Job, Kev, LoadSpec, Settings, Source, WeightForm};
+use kev_decide::{Calibration, Caps, Job, Kev, LoadSpec, Settings, Source, WeightForm};
 use kev_engine::{Arm, CpuBackend};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -62,6 +64,11 @@ struct EngineOptions {
     pass_tokens: Option<usize>,
     threads: Option<usize>,
     truncate_state: bool,
+    calibration: Option<PathBuf>,
+    date_facts: bool,
+    max_questions: Option<usize>,
+    max_options: Option<usize>,
+    max_input_tokens: Option<usize>,
 }
 
 #[pymethods]
@@ -78,6 +85,11 @@ impl Engine {
             pass_tokens,
             threads,
             truncate_state,
+            calibration,
+            date_facts,
+            max_questions,
+            max_options,
+            max_input_tokens,
         } = options;
         let source = match (model_dir, base, kev) {
             (Some(dir), None, None) => Source::Prepared(dir),
@@ -89,17 +101,36 @@ impl Engine {
             }
         };
         let form: WeightForm = weights.parse().map_err(PyValueError::new_err)?;
+        // The library's own parser and wording (`kev serve --precision` says the same).
         let arm: Option<Arm> = match precision.as_deref() {
             None => None,
-            Some(p) => Some(p.parse().map_err(|_| {
-                PyValueError::new_err(format!("unknown precision `{p}` (fp32, bf16)"))
-            })?),
+            Some(p) => Some(
+                p.parse()
+                    .map_err(|e| PyValueError::new_err(format!("precision: {e}")))?,
+            ),
+        };
+        let calibration = match calibration {
+            None => None,
+            Some(path) => Some(Arc::new(
+                Calibration::read(&path).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            )),
         };
         let defaults = Settings::default();
+        let caps = Caps::default();
         let settings = Settings {
-            limits: kev_tokenize_limits(truncate_state),
+            limits: kev_tokenize::Limits {
+                truncate_state,
+                ..kev_tokenize::Limits::KEV
+            },
+            caps: Caps {
+                max_questions: max_questions.unwrap_or(caps.max_questions),
+                max_options: max_options.unwrap_or(caps.max_options),
+                max_input_tokens: max_input_tokens.unwrap_or(caps.max_input_tokens),
+            },
             pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
             cache_bytes: cache_bytes.unwrap_or_else(kev_decide::load::default_cache_bytes),
+            date_facts,
+            calibration,
             ..defaults
         };
         let pool = match threads {
@@ -121,12 +152,12 @@ impl Engine {
             Some(p) => p.install(|| kev_decide::load_cpu(&spec)),
             None => kev_decide::load_cpu(&spec),
         });
-        let (kev, info) = loaded.map_err(|e| {
+        let (kev, _info) = loaded.map_err(|e| {
             PyRuntimeError::new_err(format!("loading {}: {e}", describe(&spec.source)))
         })?;
         let mut card = serde_json::Map::new();
         card.insert("name".into(), Value::String(CARD_NAME.into()));
-        if let Value::Object(fields) = info.card(kev.settings()) {
+        if let Value::Object(fields) = kev.card() {
             card.extend(fields);
         }
         Ok(Engine {
@@ -173,27 +204,15 @@ impl Engine {
 }
 
 impl Engine {
-    /// Admit every body, then run the admitted jobs in arrival order in groups that fit the pass token
-    /// budget (at least one job each), as the server's queue forms its passes.
+    /// Admit every body, then answer the admitted jobs together (`Kev::run` fills each pass up to the pass
+    /// token budget, in arrival order).
     fn answer(&self, bodies: &[Vec<u8>]) -> Vec<Answer> {
         let admitted: Vec<Result<Job, Answer>> = bodies
             .iter()
             .map(|b| self.kev.admit(b).map_err(|r| (r.status(), text(&r.body()))))
             .collect();
         let jobs: Vec<&Job> = admitted.iter().filter_map(|a| a.as_ref().ok()).collect();
-        let budget = self.kev.settings().pass_tokens;
-        let mut results = Vec::with_capacity(jobs.len());
-        let mut start = 0;
-        while start < jobs.len() {
-            let mut end = start + 1;
-            let mut tokens = jobs[start].tokens();
-            while end < jobs.len() && tokens + jobs[end].tokens() <= budget {
-                tokens += jobs[end].tokens();
-                end += 1;
-            }
-            results.extend(self.kev.run(&jobs[start..end]));
-            start = end;
-        }
+        let results = self.kev.run(&jobs);
         let mut results = results.into_iter();
         admitted
             .into_iter()
@@ -206,13 +225,6 @@ impl Engine {
                 },
             })
             .collect()
-    }
-}
-
-fn kev_tokenize_limits(truncate_state: bool) -> kev_tokenize::Limits {
-    kev_tokenize::Limits {
-        truncate_state,
-        ..kev_tokenize::Limits::KEV
     }
 }
 

@@ -123,6 +123,27 @@ impl KevHead {
         self.q.in_features
     }
 
+    /// The head of a directory, in whichever form it holds: `head.pt` as the Kev release publishes it, else the
+    /// prepared form (`kev_head.json` + `head.safetensors`, what `kev prepare` and `kev synth` write). Returns the
+    /// head and the file its weights came from. The one way kev finds a head: `--model DIR` and `--kev DIR`
+    /// alike.
+    pub fn read_dir(dir: &Path) -> Result<(Self, PathBuf), HeadError> {
+        let pt = dir.join("head.pt");
+        if pt.is_file() {
+            return Ok((Self::read_pt(&pt)?, pt));
+        }
+        if dir.join(HEAD_JSON).is_file() {
+            return Ok((PreparedHead::read(dir)?.head, dir.join(HEAD_SAFETENSORS)));
+        }
+        Err(HeadError::Io {
+            path: pt,
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no head: neither head.pt nor {HEAD_JSON} is in the directory"),
+            ),
+        })
+    }
+
     /// Read `head.pt`.
     pub fn read_pt(path: &Path) -> Result<Self, HeadError> {
         let file = std::fs::File::open(path).map_err(|source| HeadError::Io {

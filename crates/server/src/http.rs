@@ -9,7 +9,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use kev_contract::ErrorKind;
 use serde_json::{Value, json};
 use tower::ServiceBuilder;
@@ -20,6 +20,7 @@ use tower_http::request_id::{
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tower_http::validate_request::{ValidateRequest, ValidateRequestHeaderLayer};
+use utoipa::openapi::path::{HttpMethod, Operation};
 
 use crate::error::{ApiError, http_status};
 use crate::{App, Decider};
@@ -27,12 +28,23 @@ use crate::{App, Decider};
 /// The request-id header the official SDK reads (`response.request_id`).
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-typesafe-request-id");
 
-/// The whole HTTP surface of an [`App`].
+/// The whole HTTP surface of an [`App`]: every [`Endpoint`] mounted at the path and method its
+/// `#[utoipa::path]` declares (`/v1/*` behind the bearer check), then the layers.
 pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
-    let mut v1 = Router::new()
-        .route("/v1/systemone", post(systemone::<D>))
-        .route("/v1/models", get(models::<D>))
-        .merge(crate::tools::routes::<D>());
+    let (mut v1, mut open) = (Router::new(), Router::new());
+    for e in Endpoint::ALL {
+        let (path, methods, _) = e.declared();
+        let filter = methods
+            .iter()
+            .map(method_filter)
+            .reduce(MethodFilter::or)
+            .unwrap_or(MethodFilter::GET);
+        if path.starts_with("/v1/") {
+            v1 = v1.route(&path, e.handler::<D>(filter));
+        } else {
+            open = open.route(&path, e.handler::<D>(filter));
+        }
+    }
     if let Some(key) = app.config.api_key.clone().filter(|k| !k.is_empty()) {
         v1 = v1.layer(ValidateRequestHeaderLayer::custom(BearerKey {
             key: Arc::from(key.into_bytes()),
@@ -41,10 +53,7 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
     let timeout = app.config.request_timeout;
     Router::new()
         .merge(v1)
-        .route("/health", get(health))
-        .route("/ready", get(ready::<D>))
-        .route("/metrics", get(metrics_text::<D>))
-        .route("/openapi.json", get(openapi))
+        .merge(open)
         .fallback(not_found)
         .layer(middleware::from_fn(observe))
         .layer(
@@ -66,6 +75,101 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
                 )),
         )
         .with_state(app)
+}
+
+/// Every endpoint of the API, listed once: [`router`] mounts each at the path and method declared beside its
+/// handler (`#[utoipa::path]`), and [`crate::openapi::document`] documents the same declarations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    SystemOne,
+    Permute,
+    Separate,
+    Models,
+    Health,
+    Ready,
+    Metrics,
+    OpenApi,
+}
+
+impl Endpoint {
+    /// Every endpoint, in the order the document lists them.
+    pub(crate) const ALL: [Endpoint; 8] = [
+        Endpoint::SystemOne,
+        Endpoint::Permute,
+        Endpoint::Separate,
+        Endpoint::Models,
+        Endpoint::Health,
+        Endpoint::Ready,
+        Endpoint::Metrics,
+        Endpoint::OpenApi,
+    ];
+
+    /// Its path, methods and operation, as its handler's `#[utoipa::path]` declares them.
+    pub(crate) fn declared(self) -> (String, Vec<HttpMethod>, Operation) {
+        fn of<P: utoipa::Path>() -> (String, Vec<HttpMethod>, Operation) {
+            (P::path(), P::methods(), P::operation())
+        }
+        match self {
+            Endpoint::SystemOne => of::<__path_systemone>(),
+            Endpoint::Permute => of::<crate::tools::__path_permute>(),
+            Endpoint::Separate => of::<crate::tools::__path_separate>(),
+            Endpoint::Models => of::<__path_models>(),
+            Endpoint::Health => of::<__path_health>(),
+            Endpoint::Ready => of::<__path_ready>(),
+            Endpoint::Metrics => of::<__path_metrics_text>(),
+            Endpoint::OpenApi => of::<__path_openapi>(),
+        }
+    }
+
+    /// Whether it answers decisions: through the admission pipeline (`crate::pipeline`), every one.
+    pub(crate) fn decides(self) -> bool {
+        matches!(
+            self,
+            Endpoint::SystemOne | Endpoint::Permute | Endpoint::Separate
+        )
+    }
+
+    fn handler<D: Decider>(self, filter: MethodFilter) -> MethodRouter<Arc<App<D>>> {
+        match self {
+            Endpoint::SystemOne => on(filter, systemone::<D>),
+            Endpoint::Permute => on(filter, crate::tools::permute::<D>),
+            Endpoint::Separate => on(filter, crate::tools::separate::<D>),
+            Endpoint::Models => on(filter, models::<D>),
+            Endpoint::Health => on(filter, health),
+            Endpoint::Ready => on(filter, ready::<D>),
+            Endpoint::Metrics => on(filter, metrics_text::<D>),
+            Endpoint::OpenApi => on(filter, openapi),
+        }
+    }
+}
+
+fn method_filter(m: &HttpMethod) -> MethodFilter {
+    match m {
+        HttpMethod::Get => MethodFilter::GET,
+        HttpMethod::Post => MethodFilter::POST,
+        HttpMethod::Put => MethodFilter::PUT,
+        HttpMethod::Delete => MethodFilter::DELETE,
+        HttpMethod::Options => MethodFilter::OPTIONS,
+        HttpMethod::Head => MethodFilter::HEAD,
+        HttpMethod::Patch => MethodFilter::PATCH,
+        HttpMethod::Trace => MethodFilter::TRACE,
+    }
+}
+
+/// Answer typed questions about a state
+#[utoipa::path(
+    post,
+    path = "/v1/systemone",
+    request_body(content = kev_contract::wire::Request, example = json!(crate::openapi::request_example())),
+    responses((status = 200, description = "Answers in request order", body = kev_contract::wire::Response,
+        example = json!(crate::openapi::response_example()))),
+)]
+async fn systemone<D: Decider>(
+    State(app): State<Arc<App<D>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    crate::pipeline::handle(app, crate::pipeline::SystemOne, headers, body).await
 }
 
 /// `uuid4().hex`, as Kev's server makes request ids (32 lowercase hex digits).
@@ -126,200 +230,12 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .to_string()
 }
 
-async fn systemone<D: Decider>(
-    State(app): State<Arc<App<D>>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let started = Instant::now();
-    let rid = request_id(&headers);
-    let result = decide(&app, &headers, body, &rid).await;
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
-    let mut resp = match result {
-        Ok(resp) => resp,
-        Err(e) => error_response(e, &rid),
-    };
-    if let Ok(v) = HeaderValue::from_str(&format!("app;dur={elapsed_ms:.1}")) {
-        resp.headers_mut()
-            .insert(HeaderName::from_static("server-timing"), v);
-    }
-    resp
-}
-
-async fn decide<D: Decider>(
-    app: &Arc<App<D>>,
-    headers: &HeaderMap,
-    body: Body,
-    rid: &str,
-) -> Result<Response, ApiError> {
-    if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err(ApiError::draining());
-    }
-    if !app.is_ready() {
-        return Err(ApiError::not_ready());
-    }
-    if let Some(ct) = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        && ct
-            .trim_start()
-            .to_ascii_lowercase()
-            .starts_with("multipart/")
-    {
-        return Err(ApiError::unsupported_media(
-            "Kev is text-only: multipart bodies (image assets) are not supported; send the request as application/json",
-        ));
-    }
-    let encodings = content_codings(headers)?;
-    // A slot before any work: a full queue answers 429 before the body is even read.
-    let slot = app.queue.reserve()?;
-    let raw = tokio::time::timeout(app.config.header_read_timeout.max(BODY_READ_MIN), async {
-        read_body(body, app.config.max_body).await
-    })
-    .await
-    .map_err(|_| ApiError::body_timeout())??;
-    // An admission permit (about one per core) before decoding, parsing or tokenizing.
-    let wait = app.queue.deadline();
-    let permit = tokio::time::timeout(wait, app.permits.acquire())
-        .await
-        .map_err(|_| ApiError::overloaded(wait.as_millis(), 1))?
-        .map_err(|_| ApiError::draining())?;
-    let decider = Arc::clone(&app.decider);
-    let max_body = app.config.max_body;
-    let admission = tokio::task::spawn_blocking(move || {
-        let bytes = decode_body(raw, &encodings, max_body)?;
-        decider.admit(&bytes)
-    })
-    .await
-    .map_err(|_| ApiError::internal())??;
-    drop(permit);
-    let ticket = app.queue.submit(slot, admission.job, admission.tokens)?;
-    metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
-    let answered = app.queue.answer(ticket, rid).await?;
-    metrics::histogram!("kev_queue_wait_seconds").record(answered.queued.as_secs_f64());
-    metrics::histogram!("kev_compute_seconds").record(answered.compute.as_secs_f64());
-    let usage = answered.body.usage();
-    metrics::counter!("kev_input_tokens_total").increment(usage.input_tokens as u64);
-    metrics::counter!("kev_output_tokens_total").increment(usage.output_tokens as u64);
-    let ms = (answered.compute.as_secs_f64() * 10_000.0).round() / 10.0;
-    let body = answered.body.extra("x_latency_ms", json!(ms));
-    Ok(json_response(StatusCode::OK, &body.to_value()))
-}
-
 /// An error leaving a handler: a fault is logged with its cause and answered with the request id only.
 pub(crate) fn error_response(e: ApiError, request_id: &str) -> Response {
     if e.kind().is_fault() {
         tracing::error!(request_id = %request_id, cause = %e.error_body().to_value(), "internal error");
     }
     e.for_request(request_id).into_response()
-}
-
-/// Past the limit, read (and drop) this much more before answering 413, so a client still sending its
-/// body gets the 413 instead of a connection reset.
-const LINGER_BYTES: usize = 16 << 20;
-
-/// The body must arrive within the header-read timeout, and never in less time than this.
-const BODY_READ_MIN: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// The body as sent (still encoded), or 413 once it is over `limit`.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
-    use http_body_util::BodyExt;
-    let mut body = body;
-    let mut buf = Vec::new();
-    let mut seen = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|e| ApiError::bad_body(format!("could not read the request body: {e}")))?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        seen += data.len();
-        if seen > limit {
-            buf = Vec::new();
-            if seen > limit + LINGER_BYTES {
-                break;
-            }
-        } else {
-            buf.extend_from_slice(&data);
-        }
-    }
-    if seen > limit {
-        return Err(ApiError::too_large(limit));
-    }
-    Ok(buf)
-}
-
-/// A content coding the server decodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Coding {
-    Gzip,
-    Zstd,
-    Deflate,
-}
-
-/// The codings of `Content-Encoding`, in the order they were applied (names case-insensitive, RFC 9110
-/// §8.4.1; `identity` skipped; several headers or comma-separated lists stack). 415 naming the first
-/// coding the server does not decode.
-pub(crate) fn content_codings(headers: &HeaderMap) -> Result<Vec<Coding>, ApiError> {
-    let mut out = Vec::new();
-    for value in headers.get_all(header::CONTENT_ENCODING) {
-        let text = value.to_str().map_err(|_| {
-            ApiError::unsupported_media(
-                "unreadable Content-Encoding: send identity, gzip, zstd or deflate",
-            )
-        })?;
-        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let coding = match name.to_ascii_lowercase().as_str() {
-                "identity" => continue,
-                "gzip" | "x-gzip" => Coding::Gzip,
-                "zstd" => Coding::Zstd,
-                "deflate" => Coding::Deflate,
-                _ => {
-                    return Err(ApiError::unsupported_media(format!(
-                        "unsupported Content-Encoding {name:?}: send identity, gzip, zstd or deflate (stacked codings are decoded in order)"
-                    )));
-                }
-            };
-            out.push(coding);
-        }
-    }
-    Ok(out)
-}
-
-/// Undo the codings, last applied first, each output held to `limit` bytes (413 past it, so a
-/// decompression bomb costs at most `limit` bytes of work per coding).
-pub(crate) fn decode_body(
-    raw: Vec<u8>,
-    codings: &[Coding],
-    limit: usize,
-) -> Result<Vec<u8>, ApiError> {
-    use std::io::Read;
-    let mut data = raw;
-    for coding in codings.iter().rev() {
-        let mut out = Vec::new();
-        let cap = limit as u64 + 1;
-        let read = match coding {
-            Coding::Gzip => flate2::read::MultiGzDecoder::new(&data[..])
-                .take(cap)
-                .read_to_end(&mut out),
-            Coding::Deflate => flate2::read::ZlibDecoder::new(&data[..])
-                .take(cap)
-                .read_to_end(&mut out),
-            Coding::Zstd => zstd::stream::read::Decoder::new(&data[..])
-                .and_then(|d| d.take(cap).read_to_end(&mut out)),
-        };
-        if read.is_err() {
-            return Err(ApiError::bad_body(
-                format!("the request body is not valid {coding:?} data (Content-Encoding)")
-                    .to_lowercase(),
-            ));
-        }
-        if out.len() > limit {
-            return Err(ApiError::too_large(limit));
-        }
-        data = out;
-    }
-    Ok(data)
 }
 
 pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -333,6 +249,13 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     resp
 }
 
+/// The model names the server answers to
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    responses((status = 200, description = "Model cards", body = crate::openapi::ModelList,
+        example = json!(crate::openapi::models_example()))),
+)]
 async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     let card = app.decider.model_card();
     let models: Vec<Value> = app
@@ -353,10 +276,24 @@ async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     json_response(StatusCode::OK, &json!({ "models": models }))
 }
 
+/// Liveness
+#[utoipa::path(
+    get,
+    path = "/health",
+    responses((status = 200, description = "The process serves", body = crate::openapi::Health,
+        example = json!({"status": "ok"}))),
+)]
 async fn health() -> Response {
     json_response(StatusCode::OK, &json!({"status": "ok"}))
 }
 
+/// Readiness: 200 once the warm-up decision succeeded and new work would not be shed
+#[utoipa::path(
+    get,
+    path = "/ready",
+    responses((status = 200, description = "Ready, with the queue's figures", body = crate::openapi::Ready,
+        example = json!(crate::openapi::ready_figures(json!("ready"))))),
+)]
 async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     if app.is_ready() {
         let q = &app.queue;
@@ -389,13 +326,21 @@ async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     }
 }
 
+/// Prometheus metrics
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition format", body = String,
+        content_type = "text/plain; version=0.0.4", example = json!("kev_engine_passes_total 12\n"))),
+)]
 async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     let s = app.decider.stats();
     metrics::counter!("kev_engine_rows_total").absolute(s.rows);
     metrics::counter!("kev_engine_passes_total").absolute(s.passes);
-    metrics::counter!("kev_prepared_state_cache_hits_total").absolute(s.cache_hits);
-    metrics::counter!("kev_prepared_state_cache_misses_total").absolute(s.cache_misses);
-    metrics::gauge!("kev_prepared_state_cache_bytes").set(s.cache_bytes as f64);
+    metrics::counter!("kev_prepared_state_cache_hits_total").absolute(s.cache.hits);
+    metrics::counter!("kev_prepared_state_cache_misses_total").absolute(s.cache.misses);
+    metrics::gauge!("kev_prepared_state_cache_bytes").set(s.cache.bytes as f64);
     let q = app.queue.stats();
     use std::sync::atomic::Ordering::Relaxed;
     metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed));
@@ -418,6 +363,13 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     resp
 }
 
+/// This document
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    responses((status = 200, description = "The OpenAPI document", body = Object,
+        example = json!({"openapi": "3.1.0", "info": {"title": "kev"}}))),
+)]
 async fn openapi() -> Response {
     let mut resp = crate::openapi::json().into_response();
     resp.headers_mut().insert(

@@ -1,15 +1,21 @@
 //! `kev serve`: the SystemOne HTTP API (`POST /v1/systemone`) in front of a Kev model.
 //!
-//! The server knows nothing about tokens or weights. It talks to the model through [`Decider`]:
-//! `admit` validates and compiles a body (on a blocking worker, before the request takes a queue
-//! slot), `run` answers a batch of admitted jobs on the one engine thread. Between the two sits a
-//! bounded queue ([`queue`]): a full queue answers 429 at once, a job that waits past its deadline
-//! gets 529, a job whose client disconnected is dropped before it costs compute.
+//! The server talks to the model through [`Decider`], which [`kev_decide::Kev`] implements ([`served`]); the
+//! scheduling records it speaks in ([`Need`], [`Step`], [`Stats`]) are kev-decide's own, so the executor's
+//! words reach the scheduler unchanged. Tests put stand-ins behind the same trait.
+//!
+//! Every decision route answers through one admission pipeline (`pipeline.rs`): a queue slot, the body
+//! (with a timeout), its decoding, an admission permit, `Decider::admit_parts` on a blocking worker, the
+//! request's parts submitted together to the bounded queue ([`queue`]: a full queue answers 429 at once, a
+//! request that waits past its deadline gets 529, one whose client left or whose time ran out is stopped
+//! before its next pass), and the answer. A route only says what its body asks the model (its parts) and how
+//! their answers make its response (`pipeline::Route`).
 //!
 //! Layers come from tower-http (request ids, CORS, timeouts, zstd/gzip request decompression, body
 //! limits, bearer auth); error bodies follow kev-contract §8.5 and are built in one place
 //! ([`error::ApiError`]), their statuses taken from the contract's status table
-//! ([`kev_contract::ErrorKind`]). [`openapi`] derives the API document from the wire types.
+//! ([`kev_contract::ErrorKind`]). [`openapi`] derives the API document from the wire types and the routes'
+//! own declarations.
 #![deny(missing_docs)]
 
 pub mod error;
@@ -17,9 +23,11 @@ pub mod head;
 mod http;
 mod metrics_setup;
 pub mod openapi;
+mod pipeline;
 pub mod pyrandom;
 pub mod queue;
 pub mod sched;
+pub mod served;
 mod tools;
 
 use std::net::SocketAddr;
@@ -27,11 +35,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kev_contract::ResponseBody;
 use serde_json::Value;
 
 pub use error::ApiError;
 pub use http::router;
+pub use kev_decide::{Need, Stats, Step};
 
 /// A job the decider accepted, with the token count the queue budgets passes by.
 pub struct Admission<J> {
@@ -39,40 +47,6 @@ pub struct Admission<J> {
     pub job: J,
     /// Tokens it will run (`usage.input_tokens` is a fine measure).
     pub tokens: usize,
-}
-
-/// Counters a decider reports for `/metrics` (absolute values since start).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct EngineStats {
-    /// Token rows run (state prefixes and question branches).
-    pub rows: u64,
-    /// Forward passes run.
-    pub passes: u64,
-    /// Prepared-state cache hits.
-    pub cache_hits: u64,
-    /// Prepared-state cache misses.
-    pub cache_misses: u64,
-    /// Bytes held by the prepared-state cache.
-    pub cache_bytes: u64,
-}
-
-/// What an admitted request has left to run (the decider's measure, in tokens).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Need {
-    /// Tokens of its current phase (what one pass would run to finish the phase).
-    pub phase: usize,
-    /// The smallest piece of the phase a pass can run (e.g. 64 state tokens, or one question row).
-    pub unit: usize,
-    /// Tokens of everything left.
-    pub remaining: usize,
-}
-
-/// What one pass did for one request.
-pub enum Step {
-    /// More passes are needed.
-    Running,
-    /// Its answer: the response (`{model, answers, usage, …}`) or an error.
-    Done(Result<ResponseBody, ApiError>),
 }
 
 /// What the server needs from a model.
@@ -88,15 +62,30 @@ pub trait Decider: Send + Sync + 'static {
     /// ours (a tokenizer fault); [`ApiError::from_wire`] answers any layer's typed error.
     fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError>;
 
+    /// Validate and compile the parts of one request (a fan-out route's: `/permute`, `/separate`), all or
+    /// nothing, the per-request work caps held for the parts together. The default admits each part as a
+    /// request of its own (a stand-in with no caps).
+    fn admit_parts(&self, bodies: &[Vec<u8>]) -> Result<Vec<Admission<Self::Job>>, ApiError> {
+        bodies.iter().map(|b| self.admit(b)).collect()
+    }
+
     /// What the job has left.
     fn need(&self, job: &Self::Job) -> Need;
 
     /// One engine pass: advance each job by at most its grant of tokens, and by at least one unit.
-    /// One [`Step`] per grant, in order.
+    /// One [`Step`] per grant, in order; a failure is logged by the server with its cause.
     fn pass(&self, grants: &mut [(&mut Self::Job, usize)]) -> Vec<Step>;
 
-    /// Answer one real request end to end; `/ready` turns 200 only after this succeeds.
-    fn warm_up(&self) -> Result<(), String>;
+    /// Anything to do before the warm-up request, on a blocking worker (default: nothing).
+    fn warm_up(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// A request body the server answers through its own pipeline (admission, queue, engine passes) before
+    /// `/ready` turns 200, so that readiness proves the path requests take; `None`: no warm-up decision.
+    fn warm_up_request(&self) -> Option<Vec<u8>> {
+        None
+    }
 
     /// The model card fields (everything but `name`): `description`, `release_date`, `x_…` extras.
     fn model_card(&self) -> Value;
@@ -108,8 +97,8 @@ pub trait Decider: Send + Sync + 'static {
     }
 
     /// Engine counters for `/metrics`.
-    fn stats(&self) -> EngineStats {
-        EngineStats::default()
+    fn stats(&self) -> Stats {
+        Stats::default()
     }
 }
 
@@ -139,6 +128,9 @@ pub struct ServerConfig {
     /// Longest a client may take to send a request's headers (slow clients are closed); hyper starts the
     /// same clock while a keep-alive connection waits for its next request, so it is also the idle timeout.
     pub header_read_timeout: Duration,
+    /// Longest a decision request's body may take to arrive once its headers did (408); never less than
+    /// `header_read_timeout`.
+    pub body_read_timeout: Duration,
     /// Largest accepted request body, after decompression.
     pub max_body: usize,
     /// Longest a whole request may take.
@@ -161,6 +153,7 @@ impl Default for ServerConfig {
             admit_permits: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
             max_body: 8 << 20,
             request_timeout: Duration::from_secs(300),
             model_names: vec!["kev-latest".into(), "jev-latest".into()],
@@ -207,9 +200,18 @@ impl<D: Decider> App<D> {
         })
     }
 
-    /// Run the decider's warm-up decision (blocking) and mark the server ready if it succeeds.
-    pub fn warm_up(&self) -> Result<(), String> {
-        self.decider.warm_up()?;
+    /// Run the decider's warm-up, then its warm-up request through the served path (admission, the queue,
+    /// engine passes: `pipeline::answer_body`), and mark the server ready if both succeed.
+    pub async fn warm_up(self: &Arc<Self>) -> Result<(), String> {
+        let decider = Arc::clone(&self.decider);
+        tokio::task::spawn_blocking(move || decider.warm_up())
+            .await
+            .map_err(|e| format!("warm-up: {e}"))??;
+        if let Some(body) = self.decider.warm_up_request() {
+            pipeline::answer_body(self, body, "warm-up")
+                .await
+                .map_err(|e| e.error_body().to_value().to_string())?;
+        }
         self.ready.store(true, Ordering::SeqCst);
         tracing::info!("warm-up decision succeeded; ready");
         Ok(())
@@ -261,8 +263,8 @@ pub async fn serve_on<D: Decider>(
     let app = App::new(config, decider);
     let (failed_tx, mut failed_rx) = tokio::sync::watch::channel(None::<String>);
     let warm = Arc::clone(&app);
-    tokio::task::spawn_blocking(move || {
-        if let Err(e) = warm.warm_up() {
+    tokio::spawn(async move {
+        if let Err(e) = warm.warm_up().await {
             tracing::error!(error = %e, "warm-up decision failed; stopping");
             let _ = failed_tx.send(Some(e));
         }

@@ -1,9 +1,11 @@
 //! The API document (`GET /openapi.json`, committed as `crates/server/openapi.json`), derived from the code:
-//! schemas from the wire types (`utoipa::ToSchema`), every error response from the status table
-//! ([`ErrorKind::row`]) with an example body built by the code that answers it.
+//! each endpoint's path, method, summary, request and 200 answer from the `#[utoipa::path]` declared beside its
+//! handler (the same declarations `http::router` mounts, one list: `http::Endpoint`), schemas from the wire
+//! types (`utoipa::ToSchema`), every error response from the status table ([`ErrorKind::row`]) with an example
+//! body built by the code that answers it.
 //!
 //! The committed file must equal [`json`]; `tests/openapi.rs` fails on drift. Regenerate with
-//! `KEV_WRITE_OPENAPI=1 cargo test -p kev-server --test openapi`.
+//! `KEV_WRITE_OPENAPI=1 cargo test -p kev-server --test integration openapi::`.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -15,15 +17,13 @@ use kev_contract::{ContractError, ErrorBody, ErrorKind, ErrorType, TypedError, U
 use serde_json::{Value, json};
 use utoipa::OpenApi;
 use utoipa::openapi::example::ExampleBuilder;
-use utoipa::openapi::path::{
-    HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathItem, PathsBuilder,
-};
-use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Schema};
 
 use crate::error::ApiError;
+use crate::http::Endpoint;
 use crate::tools::{PermuteResponse, PermuteRun};
 
 /// `POST /v1/systemone/permute`: one choice question of a request re-run under several option orders.
@@ -136,148 +136,62 @@ pub fn json() -> &'static str {
     &DOC
 }
 
-/// The API document.
+/// The errors every decision route answers (the admission pipeline's, and the model's refusals).
+const DECIDE_ERRORS: [ErrorKind; 16] = [
+    ErrorKind::Unparseable,
+    ErrorKind::BadBody,
+    ErrorKind::AuthInvalid,
+    ErrorKind::AuthMissing,
+    ErrorKind::BodyTimeout,
+    ErrorKind::RequestTimeout,
+    ErrorKind::BodyTooLarge,
+    ErrorKind::TooMuchWork,
+    ErrorKind::UnsupportedMedia,
+    ErrorKind::Validation,
+    ErrorKind::OverLimit,
+    ErrorKind::QueueFull,
+    ErrorKind::Internal,
+    ErrorKind::NotReady,
+    ErrorKind::Unavailable,
+    ErrorKind::Overloaded,
+];
+
+/// The API document: every endpoint as declared beside its handler, completed with the errors it answers.
 pub fn document() -> utoipa::openapi::OpenApi {
     let mut doc = Schemas::openapi();
-    let decide_errors = [
-        ErrorKind::Unparseable,
-        ErrorKind::BadBody,
-        ErrorKind::AuthInvalid,
-        ErrorKind::AuthMissing,
-        ErrorKind::BodyTimeout,
-        ErrorKind::RequestTimeout,
-        ErrorKind::BodyTooLarge,
-        ErrorKind::TooMuchWork,
-        ErrorKind::UnsupportedMedia,
-        ErrorKind::Validation,
-        ErrorKind::OverLimit,
-        ErrorKind::QueueFull,
-        ErrorKind::Internal,
-        ErrorKind::NotReady,
-        ErrorKind::Unavailable,
-        ErrorKind::Overloaded,
-    ];
-    let auth = [ErrorKind::AuthInvalid, ErrorKind::AuthMissing];
-    let paths = PathsBuilder::new()
-        .path(
-            "/v1/systemone",
-            post(
-                "systemone",
-                "Answer typed questions about a state",
-                ("Request", request_example()),
-                ("Answers in request order", "Response", response_example()),
-                &decide_errors,
-            ),
-        )
-        .path(
-            "/v1/systemone/permute",
-            post(
-                "permute",
-                "Re-run one choice question under several option orders (the author's demo extra)",
-                (
-                    "PermuteRequest",
-                    json!({"request": request_example(), "question": "kind", "n_perm": 3, "seed": 0}),
-                ),
-                (
-                    "One run per option order, the given order first",
-                    "PermuteResponse",
-                    permute_example(),
-                ),
-                &decide_errors,
-            ),
-        )
-        .path(
-            "/v1/systemone/separate",
-            post(
-                "separate",
-                "Answer every question in its own request on the same state (the author's demo extra)",
-                ("Request", request_example()),
-                (
-                    "The parts' answers merged in request order, input tokens summed",
-                    "Response",
-                    response_example(),
-                ),
-                &decide_errors,
-            ),
-        )
-        .path(
-            "/v1/models",
-            get(
-                "models",
-                "The model names the server answers to",
-                ("Model cards", "ModelList", models_example()),
-                &auth,
-            ),
-        )
-        .path(
-            "/health",
-            get(
-                "health",
-                "Liveness",
-                ("The process serves", "Health", json!({"status": "ok"})),
-                &[],
-            ),
-        )
-        .path(
-            "/ready",
-            get(
-                "ready",
-                "Readiness: 200 once the warm-up decision succeeded and new work would not be shed",
-                ("Ready, with the queue's figures", "Ready", ready_figures(json!("ready"))),
-                &[
-                    ErrorKind::NotReady,
-                    ErrorKind::Unavailable,
-                    ErrorKind::Saturated,
-                ],
-            ),
-        )
-        .path(
-            "/metrics",
-            PathItem::new(
-                HttpMethod::Get,
-                OperationBuilder::new()
-                    .operation_id(Some("metrics"))
-                    .summary(Some("Prometheus metrics"))
-                    .response(
-                        "200",
-                        ResponseBuilder::new()
-                            .description("Prometheus text exposition format")
-                            .content(
-                                "text/plain; version=0.0.4",
-                                ContentBuilder::new()
-                                    .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
-                                    .example(Some(json!("kev_engine_passes_total 12\n")))
-                                    .build(),
-                            )
-                            .build(),
-                    )
-                    .build(),
-            ),
-        )
-        .path(
-            "/openapi.json",
-            get(
-                "openapi",
-                "This document",
-                (
-                    "The OpenAPI document",
-                    "",
-                    json!({"openapi": "3.1.0", "info": {"title": "kev"}}),
-                ),
-                &[],
-            ),
-        )
-        .build();
+    let mut paths = utoipa::openapi::path::Paths::new();
+    for e in Endpoint::ALL {
+        let (path, methods, mut op) = e.declared();
+        let errors: &[ErrorKind] = match e {
+            _ if e.decides() => &DECIDE_ERRORS,
+            Endpoint::Models => &[ErrorKind::AuthInvalid, ErrorKind::AuthMissing],
+            Endpoint::Ready => &[
+                ErrorKind::NotReady,
+                ErrorKind::Unavailable,
+                ErrorKind::Saturated,
+            ],
+            _ => &[],
+        };
+        add_errors(&mut op, errors);
+        if e.decides() {
+            op.parameters = Some(vec![
+                request_id_header().into(),
+                ParameterBuilder::new()
+                    .name("Content-Encoding")
+                    .parameter_in(ParameterIn::Header)
+                    .required(Required::False)
+                    .description(Some(
+                        "identity, gzip, zstd or deflate; stacked codings are decoded in order",
+                    ))
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                    .build()
+                    .into(),
+            ]);
+        }
+        paths.add_path_operation(path, methods, op);
+    }
     doc.paths = paths;
     doc
-}
-
-fn schema_ref(name: &str) -> RefOr<Schema> {
-    if name.is_empty() {
-        ObjectBuilder::new().schema_type(Type::Object).into()
-    } else {
-        Ref::from_schema_name(name).into()
-    }
 }
 
 fn request_id_header() -> utoipa::openapi::path::Parameter {
@@ -292,66 +206,9 @@ fn request_id_header() -> utoipa::openapi::path::Parameter {
         .build()
 }
 
-fn post(
-    id: &str,
-    summary: &str,
-    (request_schema, request_example): (&str, Value),
-    ok: (&str, &str, Value),
-    errors: &[ErrorKind],
-) -> PathItem {
-    let body = RequestBodyBuilder::new()
-        .required(Some(Required::True))
-        .content(
-            "application/json",
-            ContentBuilder::new()
-                .schema(Some(schema_ref(request_schema)))
-                .example(Some(request_example))
-                .build(),
-        )
-        .build();
-    let op = operation(id, summary, ok, errors)
-        .parameter(request_id_header())
-        .parameter(
-            ParameterBuilder::new()
-                .name("Content-Encoding")
-                .parameter_in(ParameterIn::Header)
-                .required(Required::False)
-                .description(Some(
-                    "identity, gzip, zstd or deflate; stacked codings are decoded in order",
-                ))
-                .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
-        )
-        .request_body(Some(body));
-    PathItem::new(HttpMethod::Post, op.build())
-}
-
-fn get(id: &str, summary: &str, ok: (&str, &str, Value), errors: &[ErrorKind]) -> PathItem {
-    PathItem::new(HttpMethod::Get, operation(id, summary, ok, errors).build())
-}
-
-fn operation(
-    id: &str,
-    summary: &str,
-    (description, schema, example): (&str, &str, Value),
-    errors: &[ErrorKind],
-) -> OperationBuilder {
-    let mut op = OperationBuilder::new()
-        .operation_id(Some(id))
-        .summary(Some(summary))
-        .response(
-            "200",
-            ResponseBuilder::new()
-                .description(description)
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(schema_ref(schema)))
-                        .example(Some(example))
-                        .build(),
-                )
-                .build(),
-        );
-    // Kinds sharing a status share its response: one schema (or a choice of two), one example each.
+/// The error responses of `errors`: kinds sharing a status share its response (one schema, or a choice of
+/// two), one example each.
+fn add_errors(op: &mut utoipa::openapi::path::Operation, errors: &[ErrorKind]) {
     let mut by_status: BTreeMap<u16, Vec<ErrorKind>> = BTreeMap::new();
     for &k in errors {
         by_status.entry(k.status()).or_default().push(k);
@@ -381,7 +238,7 @@ fn operation(
                     .build(),
             )
         });
-        op = op.response(
+        op.responses.responses.insert(
             status.to_string(),
             ResponseBuilder::new()
                 .description(description)
@@ -392,10 +249,10 @@ fn operation(
                         .examples_from_iter(examples)
                         .build(),
                 )
-                .build(),
+                .build()
+                .into(),
         );
     }
-    op
 }
 
 /// What each kind means to a client.
@@ -499,7 +356,7 @@ fn error_example(kind: ErrorKind) -> Value {
 }
 
 /// `/ready`'s figures (with `status` when it is not null).
-fn ready_figures(status: Value) -> Value {
+pub(crate) fn ready_figures(status: Value) -> Value {
     let mut v = json!({
         "queue_depth": 64,
         "queue_capacity": 64,
@@ -523,7 +380,7 @@ fn ready_figures(status: Value) -> Value {
     v
 }
 
-fn request_example() -> Value {
+pub(crate) fn request_example() -> Value {
     json!({
         "model": "kev-latest",
         "state": "Hi, I was charged twice for my March invoice. Can you refund the duplicate?",
@@ -539,7 +396,7 @@ fn request_example() -> Value {
     })
 }
 
-fn response_example() -> Value {
+pub(crate) fn response_example() -> Value {
     json!({
         "model": "kev-latest",
         "answers": {
@@ -563,7 +420,7 @@ fn response_example() -> Value {
     })
 }
 
-fn permute_example() -> Value {
+pub(crate) fn permute_example() -> Value {
     json!({
         "runs": [
             {"order": ["Billing", "Support", "Sales"], "probabilities": {"Billing": 0.9412, "Support": 0.0511, "Sales": 0.0077}, "choice": "Billing", "latency_ms": 12.4},
@@ -575,7 +432,7 @@ fn permute_example() -> Value {
     })
 }
 
-fn models_example() -> Value {
+pub(crate) fn models_example() -> Value {
     json!({"models": [{
         "name": "kev-latest",
         "description": "Kev pointer head on Qwen/Qwen3.5-4B-Base, serving merged weights (bf16 compute) at temperature 1.00",

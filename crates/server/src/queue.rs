@@ -9,8 +9,12 @@
 //!   fired (their handler future was dropped), so their remaining pieces never run; it then asks the
 //!   scheduler ([`crate::sched`]) for the next pass.
 //!
-//! Each job's phase (waiting → started, or waiting → expired) is one atomic, so the handler's deadline and
-//! the engine's start cannot both win.
+//! A request is submitted as one or more **parts** ([`Queue::submit`]: a fan-out route's parts together, all or
+//! none), each its own job for the scheduler, all holding the request's one slot. The request's phase (waiting →
+//! started, or waiting → expired) is one atomic its parts share, so the handler's deadline and the engine's
+//! start cannot both win; the slot is freed when the first part starts. Every part answers on the request's one
+//! channel: when the handler is dropped (hang-up, request timeout) or gives up on the first failed part, every
+//! part still in the engine is stopped before its next pass.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -19,13 +23,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kev_contract::ResponseBody;
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::sched::{self, Candidate, Policy};
 use crate::{Decider, Need, Step};
 
-/// What the engine thread sends back for one job.
+/// What the engine thread sends back for one part of a request.
 pub type Reply = Result<Answered, ApiError>;
 
 /// A successful answer: the response body and where its time went.
@@ -84,7 +88,10 @@ struct Entry<J> {
     admitted: Instant,
     started_at: Option<Instant>,
     compute: Duration,
-    reply: oneshot::Sender<Reply>,
+    /// Its request's channel, and its place among the request's parts.
+    reply: mpsc::UnboundedSender<(usize, Reply)>,
+    part: usize,
+    /// Its request's phase (shared by the parts).
     phase: Arc<AtomicU8>,
     skipped: u32,
     rate: Option<f64>,
@@ -126,9 +133,10 @@ impl<J> Drop for Slot<J> {
     }
 }
 
-/// A submitted job: its answer arrives on `rx`.
+/// A submitted request: its parts' answers arrive on `rx`, tagged with their place.
 pub struct Ticket {
-    rx: oneshot::Receiver<Reply>,
+    rx: mpsc::UnboundedReceiver<(usize, Reply)>,
+    parts: usize,
     phase: Arc<AtomicU8>,
     admitted: Instant,
 }
@@ -197,66 +205,95 @@ impl<J: Send + 'static> Queue<J> {
         }
     }
 
-    /// Hand an admitted job to the engine; its slot stays taken until its first pass.
-    pub fn submit(&self, mut slot: Slot<J>, job: J, tokens: usize) -> Result<Ticket, ApiError> {
-        let (tx, rx) = oneshot::channel();
+    /// Hand a request's admitted parts (`(job, tokens)`, at least one) to the engine, all together: the
+    /// request's slot stays taken until its first part's first pass.
+    pub fn submit(&self, mut slot: Slot<J>, parts: Vec<(J, usize)>) -> Result<Ticket, ApiError> {
+        let (tx, rx) = mpsc::unbounded_channel();
         let phase = Arc::new(AtomicU8::new(WAITING));
         let admitted = Instant::now();
+        let n = parts.len();
         let mut inbox = lock(&self.shared.inbox);
         if inbox.closed {
             return Err(ApiError::draining()); // the slot is released by its drop
         }
-        slot.shared = None; // the entry owns the slot now
-        inbox.seq += 1;
-        let seq = inbox.seq;
-        inbox.jobs.push(Entry {
-            job,
-            tokens,
-            seq,
-            admitted,
-            started_at: None,
-            compute: Duration::ZERO,
-            reply: tx,
-            phase: Arc::clone(&phase),
-            skipped: 0,
-            rate: None,
-        });
+        if n == 0 {
+            return Err(ApiError::internal());
+        }
+        slot.shared = None; // the entries own the slot now
+        for (part, (job, tokens)) in parts.into_iter().enumerate() {
+            inbox.seq += 1;
+            let seq = inbox.seq;
+            inbox.jobs.push(Entry {
+                job,
+                tokens,
+                seq,
+                admitted,
+                started_at: None,
+                compute: Duration::ZERO,
+                reply: tx.clone(),
+                part,
+                phase: Arc::clone(&phase),
+                skipped: 0,
+                rate: None,
+            });
+        }
         drop(inbox);
         self.shared.wake.notify_one();
         Ok(Ticket {
             rx,
+            parts: n,
             phase,
             admitted,
         })
     }
 
-    /// The job's answer; 529 if it is still waiting at its queue deadline. Dropping this future (the
-    /// client left, or the request timeout fired) stops the job between passes.
-    pub async fn answer(&self, ticket: Ticket, request_id: &str) -> Reply {
+    /// Every part's answer, in order — or the first part's error (the others are then stopped before their next
+    /// pass); 529 if no part has started at the queue deadline. Dropping this future (the client left, or the
+    /// request timeout fired) stops every part before its next pass.
+    pub async fn answer(
+        &self,
+        ticket: Ticket,
+        request_id: &str,
+    ) -> Result<Vec<Answered>, ApiError> {
         let Ticket {
             mut rx,
+            parts,
             phase,
             admitted,
         } = ticket;
         let deadline = tokio::time::Instant::from_std(admitted + self.shared.config.deadline);
-        tokio::select! {
-            r = &mut rx => return r.unwrap_or_else(|_| Err(ApiError::internal().for_request(request_id))),
-            _ = tokio::time::sleep_until(deadline) => {}
+        let mut answers: Vec<Option<Answered>> = (0..parts).map(|_| None).collect();
+        let mut left = parts;
+        let mut waiting = true;
+        while left > 0 {
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some((part, Ok(a))) => {
+                        if let Some(slot) = answers.get_mut(part) && slot.replace(a).is_none() {
+                            left -= 1;
+                        }
+                    }
+                    Some((_, Err(e))) => return Err(e),
+                    None => return Err(ApiError::internal().for_request(request_id)),
+                },
+                _ = tokio::time::sleep_until(deadline), if waiting => {
+                    waiting = false;
+                    if phase
+                        .compare_exchange(WAITING, EXPIRED, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                    {
+                        self.shared.release_slot();
+                        self.shared.stats.expired.fetch_add(1, Ordering::Relaxed);
+                        self.shared.wake.notify_one();
+                        return Err(ApiError::overloaded(
+                            admitted.elapsed().as_millis(),
+                            self.retry_after,
+                        ));
+                    }
+                }
+            }
         }
-        if phase
-            .compare_exchange(WAITING, EXPIRED, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            self.shared.release_slot();
-            self.shared.stats.expired.fetch_add(1, Ordering::Relaxed);
-            self.shared.wake.notify_one();
-            return Err(ApiError::overloaded(
-                admitted.elapsed().as_millis(),
-                self.retry_after,
-            ));
-        }
-        rx.await
-            .unwrap_or_else(|_| Err(ApiError::internal().for_request(request_id)))
+        Ok(answers.into_iter().flatten().collect())
     }
 
     /// Slots taken now (reserved or waiting for a first pass).
@@ -359,13 +396,15 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
         for &(i, tokens) in &plan.grants {
             let e = &mut jobs[i];
             if e.started_at.is_none() {
-                if e.phase
+                match e
+                    .phase
                     .compare_exchange(WAITING, STARTED, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_err()
                 {
-                    continue; // expired just now; pruned next round
+                    // The request's first part to start frees its slot.
+                    Ok(_) => shared.release_slot(),
+                    Err(STARTED) => {}  // a part before it started the request
+                    Err(_) => continue, // expired just now; pruned next round
                 }
-                shared.release_slot();
                 e.started_at = Some(now);
                 stats.running.fetch_add(1, Ordering::Relaxed);
             }
@@ -450,7 +489,7 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
                 }
                 Some(Step::Done(result)) => {
                     let e = jobs.swap_remove(i);
-                    finish(&shared, e, result);
+                    finish(&shared, e, answer_of(result));
                 }
                 None => {
                     let e = jobs.swap_remove(i);
@@ -461,7 +500,8 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
     }
 }
 
-/// Send a finished job's answer.
+/// Send a finished part's answer (a failure of the model logged here with its cause: the client's 500 names
+/// only its request id).
 fn finish<J>(shared: &Shared<J>, e: Entry<J>, result: Result<ResponseBody, ApiError>) {
     shared.stats.running.fetch_sub(1, Ordering::Relaxed);
     let queued = e
@@ -472,29 +512,44 @@ fn finish<J>(shared: &Shared<J>, e: Entry<J>, result: Result<ResponseBody, ApiEr
         compute: e.compute,
         queued,
     });
-    let _ = e.reply.send(reply);
+    let _ = e.reply.send((e.part, reply));
 }
 
-/// Drop jobs whose clients left, answer 529 to waiting jobs past their deadline (if their handler has not
-/// already), and drop started jobs whose handler is gone (client left, or the request timeout fired).
+/// A step's answer as the server sends it.
+fn answer_of(
+    step: Result<kev_decide::Decision, kev_decide::DecideError>,
+) -> Result<ResponseBody, ApiError> {
+    step.map(|d| d.response).map_err(|e| {
+        tracing::error!(error = %e, "decision failed");
+        ApiError::from_wire(&e)
+    })
+}
+
+/// Drop parts whose clients left, answer 529 to requests waiting past their deadline (if their handler has not
+/// already), and drop started requests' parts whose handler is gone (client left, request timeout, or a part
+/// failed): counted as cancelled, each part.
 fn prune<J>(shared: &Shared<J>, jobs: &mut Vec<Entry<J>>, now: Instant) {
     let stats = &shared.stats;
     let deadline = shared.config.deadline;
     let mut i = 0;
     while i < jobs.len() {
         let e = &jobs[i];
-        let keep = if e.phase.load(Ordering::SeqCst) == EXPIRED {
+        let phase = e.phase.load(Ordering::SeqCst);
+        let gone = e.reply.is_closed();
+        let keep = if phase == EXPIRED {
             false // its handler answered 529 and freed the slot
-        } else if e.started_at.is_some() {
-            if e.reply.is_closed() {
+        } else if phase == STARTED {
+            // This part or another of its request has run: the slot is free, the deadline past its use.
+            if gone {
                 stats.cancelled.fetch_add(1, Ordering::Relaxed);
-                stats.running.fetch_sub(1, Ordering::Relaxed);
+                if e.started_at.is_some() {
+                    stats.running.fetch_sub(1, Ordering::Relaxed);
+                }
                 false
             } else {
                 true
             }
         } else {
-            let gone = e.reply.is_closed();
             let late = now.duration_since(e.admitted) > deadline;
             if (gone || late)
                 && e.phase
@@ -508,7 +563,7 @@ fn prune<J>(shared: &Shared<J>, jobs: &mut Vec<Entry<J>>, now: Instant) {
                     stats.expired.fetch_add(1, Ordering::Relaxed);
                     let waited = now.duration_since(e.admitted).as_millis();
                     let e = jobs.swap_remove(i);
-                    let _ = e.reply.send(Err(ApiError::overloaded(waited, 1)));
+                    let _ = e.reply.send((e.part, Err(ApiError::overloaded(waited, 1))));
                     continue;
                 }
                 false
@@ -528,7 +583,7 @@ fn prune<J>(shared: &Shared<J>, jobs: &mut Vec<Entry<J>>, now: Instant) {
 fn publish<D: Decider>(shared: &Shared<D::Job>, decider: &D, jobs: &[Entry<D::Job>]) {
     let oldest = jobs
         .iter()
-        .filter(|e| e.started_at.is_none())
+        .filter(|e| e.phase.load(Ordering::SeqCst) == WAITING)
         .map(|e| e.admitted)
         .min();
     let ms = oldest.map_or(u64::MAX, |t| {

@@ -63,11 +63,12 @@ struct BackboneArgs {
     /// Seconds per peak micro-benchmark loop.
     #[arg(long, default_value_t = 1.0)]
     peak_seconds: f64,
-    /// Peers to run after ours: `none`, `torch` (fp32 and bf16), `llama` (BF16 GGUF), `llama-q8` (its Q8_0
-    /// GGUF), `llama-f16` (its F16 GGUF), `all` (= torch,llama; comma-separated). The peers inherit the
-    /// environment: on an AVX-512 machine,
-    /// `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` and
-    /// `KEV_BENCH_LLAMA_ISA=avx2` (an AVX2-only llama.cpp build) make them run as on an AVX2-only CPU.
+    /// Peers to run after ours: `none`, `torch` (fp32 and bf16), `llama` (llama.cpp on its BF16 GGUF),
+    /// `llama-q8` (its Q8_0 GGUF), `llama-f16` (its F16 GGUF), `ik-llama` (ik_llama.cpp on the F16, Q8_0 and
+    /// Q4_K_M GGUFs, run-time repacking on), `all` (every one of them); comma-separated. When our kernels
+    /// run AVX2 (`KEV_ISA=avx2` or an AVX2-only CPU) the peers run as on an AVX2-only CPU:
+    /// `KEV_BENCH_LLAMA_ISA=avx2` (the llama.cpp and ik_llama.cpp AVX2 builds), `ATEN_CPU_CAPABILITY=avx2
+    /// ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` (torch), each unless already set.
     #[arg(long, value_delimiter = ',', default_value = "all", value_parser = LibraryEnum::<PeerName>::new())]
     peers: Vec<PeerName>,
     /// Leave torch fp32 out of `torch` (it needs ~21 GB of memory for the 4B and minutes per length).
@@ -215,6 +216,8 @@ mod tests {
         assert_eq!(a.arms, [Arm::Int8, Arm::Fp32]);
         assert_eq!(a.peers, [PeerName::Torch, PeerName::LlamaQ8]);
         assert_eq!(backbone(&["--model", "m"]).unwrap().peers, [PeerName::All]);
+        let ik = backbone(&["--model", "m", "--peers", "ik-llama,llama-f16"]).unwrap();
+        assert_eq!(ik.peers, [PeerName::IkLlama, PeerName::LlamaF16]);
         let err = backbone(&["--model", "m", "--arms", "fp16"])
             .err()
             .unwrap()

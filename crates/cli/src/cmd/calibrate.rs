@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
+use kev_contract::QuestionKind;
 use kev_decide::calibrate::{self, Bin, FitOptions, GroupReport, Grouping, Scored};
 use serde_json::json;
 
 use crate::cmd::labelled;
-use crate::loading::{ServiceArgs, admit, load};
+use crate::loading::{ServiceArgs, load};
 use crate::model_args::ModelArgs;
 
 /// Fit temperatures on labelled data; write them for `kev serve --calibration`.
@@ -57,6 +58,103 @@ pub struct Args {
     /// Requests run together (their rows share passes).
     #[arg(long, default_value_t = 8)]
     batch: usize,
+    /// Also write every labelled question's logits (and the head's temperature) to FILE, so that other
+    /// groupings or starts can be fitted later with `--scores FILE` without running the model again.
+    #[arg(long, value_name = "FILE", conflicts_with = "scores")]
+    save_scores: Option<PathBuf>,
+    /// Fit from the logits a `--save-scores` run wrote instead of running the model (`--data` must be the
+    /// same file: its sha256 is checked; the model flags are not used).
+    #[arg(long, value_name = "FILE")]
+    scores: Option<PathBuf>,
+}
+
+/// What `--save-scores` writes and `--scores` reads back.
+const SCORES_FORMAT: &str = "kev-calibrate-scores/1";
+
+/// The labelled questions scored by the model, and what the report says of where they came from.
+struct ScoredData {
+    items: Vec<Scored>,
+    underflow: usize,
+    t0: f64,
+    model: serde_json::Value,
+}
+
+fn kind_named(name: &str) -> Option<QuestionKind> {
+    [
+        QuestionKind::Noul,
+        QuestionKind::Choice,
+        QuestionKind::Score,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == name)
+}
+
+fn save_scores(path: &Path, data: &ScoredData, data_sha: &str, lines: usize) -> anyhow::Result<()> {
+    let items: Vec<serde_json::Value> = data
+        .items
+        .iter()
+        .map(|it| json!({"line": it.line, "kind": it.kind.as_str(), "label": it.label, "logits": it.logits}))
+        .collect();
+    let file = json!({
+        "format": SCORES_FORMAT,
+        "data_sha256": data_sha,
+        "lines": lines,
+        "head_temperature": data.t0,
+        "underflowed_options": data.underflow,
+        "model": data.model,
+        "items": items,
+    });
+    std::fs::write(path, serde_json::to_vec(&file)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn read_scores(path: &Path, data_sha: &str) -> anyhow::Result<ScoredData> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let bad = |what: &str| anyhow::anyhow!("{}: {what}", path.display());
+    if v["format"] != SCORES_FORMAT {
+        return Err(bad(&format!(
+            "not a {SCORES_FORMAT} file (written by --save-scores)"
+        )));
+    }
+    if v["data_sha256"] != data_sha {
+        bail!(
+            "{}: scored from another --data file (sha256 {}), not this one ({data_sha})",
+            path.display(),
+            v["data_sha256"]
+        );
+    }
+    let t0 = v["head_temperature"]
+        .as_f64()
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .ok_or_else(|| bad("head_temperature is not a positive number"))?;
+    let items = v["items"]
+        .as_array()
+        .ok_or_else(|| bad("no items"))?
+        .iter()
+        .enumerate()
+        .map(|(i, it)| {
+            let item = || bad(&format!("item {i} is malformed"));
+            Ok(Scored {
+                logits: it["logits"]
+                    .as_array()
+                    .ok_or_else(item)?
+                    .iter()
+                    .map(|z| z.as_f64().ok_or_else(item))
+                    .collect::<anyhow::Result<_>>()?,
+                label: it["label"].as_u64().ok_or_else(item)? as usize,
+                kind: it["kind"].as_str().and_then(kind_named).ok_or_else(item)?,
+                line: it["line"].as_u64().ok_or_else(item)? as usize,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(ScoredData {
+        items,
+        underflow: v["underflowed_options"].as_u64().unwrap_or(0) as usize,
+        t0,
+        model: v["model"].clone(),
+    })
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -69,55 +167,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let data_bytes =
         std::fs::read(&args.data).with_context(|| format!("reading {}", args.data.display()))?;
     let lines = labelled::read(&args.data)?;
-    let (kev, info) = load(&args.model, &args.service)?;
-    let t0 = kev.head().temperature();
+    let data_sha = calibrate::sha256_hex(&data_bytes);
+    let scored = match &args.scores {
+        Some(path) => read_scores(path, &data_sha)?,
+        None => score(&args, &lines)?,
+    };
+    if let Some(path) = &args.save_scores {
+        save_scores(path, &scored, &data_sha, lines.len())?;
+    }
+    let ScoredData {
+        items,
+        underflow,
+        t0,
+        model,
+    } = scored;
     let start = args
         .start_temperature
         .unwrap_or(t0 * args.start_scale.unwrap_or(1.0));
     if !(start.is_finite() && start > 0.0) {
         bail!("--start-temperature {start} is not a positive number");
-    }
-
-    let mut items: Vec<Scored> = Vec::new();
-    let mut underflow = 0usize;
-    for (chunk_i, chunk) in lines.chunks(args.batch.max(1)).enumerate() {
-        let jobs = chunk
-            .iter()
-            .map(|l| {
-                admit(&kev, &l.body, args.service.date_facts).map_err(|r| {
-                    anyhow::anyhow!(
-                        "{}:{}: refused by the model ({}): {}",
-                        args.data.display(),
-                        l.number,
-                        r.status(),
-                        r.body()
-                    )
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let refs: Vec<&kev_decide::Job> = jobs.iter().collect();
-        for (k, (line, result)) in chunk.iter().zip(kev.run(&refs)).enumerate() {
-            let decision = result.with_context(|| {
-                format!("{}:{}: the model failed", args.data.display(), line.number)
-            })?;
-            for (q, label) in line.labelled() {
-                let logits = decision.probabilities[q]
-                    .iter()
-                    .map(|&p| {
-                        if p <= 0.0 {
-                            underflow += 1;
-                        }
-                        t0 * (p.max(f32::from_bits(1)) as f64).ln()
-                    })
-                    .collect();
-                items.push(Scored {
-                    logits,
-                    label,
-                    kind: line.request.questions()[q].kind(),
-                    line: chunk_i * args.batch.max(1) + k,
-                });
-            }
-        }
     }
 
     let opts = FitOptions {
@@ -130,12 +198,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let fit = calibrate::fit(&items, &opts).map_err(anyhow::Error::msg)?;
     let source = json!({
         "data": args.data.file_name().map(|n| n.to_string_lossy().into_owned()),
-        "data_sha256": calibrate::sha256_hex(&data_bytes),
+        "data_sha256": data_sha,
         "lines": lines.len(),
         "questions": items.len(),
         "underflowed_options": underflow,
         "head_temperature": t0,
-        "model": info.card(kev.settings())["description"],
+        "model": model,
         "date_facts": args.service.date_facts,
     });
     let file = fit.to_file(&opts, source);
@@ -179,6 +247,60 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     writeln!(out, "wrote {} and {}", args.out.display(), plot.display())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Run the model over the labelled lines at its stored temperature and read each labelled question's logits back.
+fn score(args: &Args, lines: &[labelled::Line]) -> anyhow::Result<ScoredData> {
+    let (kev, _info) = load(&args.model, &args.service)?;
+    let t0 = kev.head().temperature();
+    let mut items: Vec<Scored> = Vec::new();
+    let mut underflow = 0usize;
+    for (chunk_i, chunk) in lines.chunks(args.batch.max(1)).enumerate() {
+        let jobs = chunk
+            .iter()
+            .map(|l| {
+                kev.admit(&l.body).map_err(|r| {
+                    anyhow::anyhow!(
+                        "{}:{}: refused by the model ({}): {}",
+                        args.data.display(),
+                        l.number,
+                        r.status(),
+                        r.body()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let refs: Vec<&kev_decide::Job> = jobs.iter().collect();
+        for (k, (line, result)) in chunk.iter().zip(kev.run(&refs)).enumerate() {
+            let decision = result.with_context(|| {
+                format!("{}:{}: the model failed", args.data.display(), line.number)
+            })?;
+            for (q, label) in line.labelled() {
+                let logits = decision.probabilities[q]
+                    .iter()
+                    .map(|&p| {
+                        if p <= 0.0 {
+                            underflow += 1;
+                        }
+                        t0 * (p.max(f32::from_bits(1)) as f64).ln()
+                    })
+                    .collect();
+                items.push(Scored {
+                    logits,
+                    label,
+                    kind: line.request.questions()[q].kind(),
+                    line: chunk_i * args.batch.max(1) + k,
+                });
+            }
+        }
+    }
+
+    Ok(ScoredData {
+        items,
+        underflow,
+        t0,
+        model: kev.card()["description"].clone(),
+    })
 }
 
 fn table(groups: &[GroupReport]) -> String {

@@ -10,7 +10,7 @@ use kev_decide::{Job, Kev};
 use kev_engine::CpuBackend;
 use serde_json::{Value, json};
 
-use crate::loading::{ServiceArgs, admit, load};
+use crate::loading::{ServiceArgs, load};
 use crate::model_args::ModelArgs;
 
 /// Answer a request (or a JSONL file of requests) with a local model.
@@ -45,15 +45,8 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (kev, _info) = load(&args.model, &args.service)?;
     match (&args.request, &args.jsonl, &args.out) {
-        (Some(path), _, _) => one(&kev, path, args.debug, args.service.date_facts),
-        (None, Some(input), Some(out)) => many(
-            &kev,
-            input,
-            out,
-            args.debug,
-            args.batch.max(1),
-            args.service.date_facts,
-        ),
+        (Some(path), _, _) => one(&kev, path, args.debug),
+        (None, Some(input), Some(out)) => many(&kev, input, out, args.debug, args.batch.max(1)),
         _ => anyhow::bail!("pass --request FILE, or --jsonl IN --out OUT"),
     }
 }
@@ -68,14 +61,9 @@ fn read_body(path: &PathBuf) -> anyhow::Result<Vec<u8>> {
     }
 }
 
-fn one(
-    kev: &Kev<CpuBackend>,
-    path: &PathBuf,
-    debug: bool,
-    date_facts: bool,
-) -> anyhow::Result<ExitCode> {
+fn one(kev: &Kev<CpuBackend>, path: &PathBuf, debug: bool) -> anyhow::Result<ExitCode> {
     let body = read_body(path)?;
-    let job = match admit(kev, &body, date_facts) {
+    let job = match kev.admit(&body) {
         Ok(job) => job,
         Err(refusal) => {
             println!("{}", error_line(&refusal));
@@ -117,7 +105,6 @@ fn many(
     out: &PathBuf,
     debug: bool,
     batch: usize,
-    date_facts: bool,
 ) -> anyhow::Result<ExitCode> {
     let file =
         std::fs::File::open(input).with_context(|| format!("opening {}", input.display()))?;
@@ -141,7 +128,7 @@ fn many(
         // Admit each line; refused ones get their error object in place, the rest run together.
         let admitted: Vec<Result<Job, Value>> = chunk
             .iter()
-            .map(|line| admit(kev, line.as_bytes(), date_facts).map_err(|r| error_line(&r)))
+            .map(|line| kev.admit(line.as_bytes()).map_err(|r| error_line(&r)))
             .collect();
         let jobs: Vec<&Job> = admitted.iter().filter_map(|a| a.as_ref().ok()).collect();
         let mut results = answer(kev, &jobs, debug).into_iter();

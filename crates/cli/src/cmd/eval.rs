@@ -18,7 +18,7 @@ use kev_decide::calibrate::{Metrics, metrics_with_floor};
 use serde_json::{Value, json};
 
 use crate::cmd::labelled::{self, Line, probabilities_of};
-use crate::loading::{ServiceArgs, admit, load};
+use crate::loading::{ServiceArgs, load};
 use crate::model_args::ModelArgs;
 
 /// Score a SystemOne server or a local model on labelled data.
@@ -113,12 +113,11 @@ impl Answerer for Http {
 
 struct Local {
     kev: kev_decide::Kev<kev_engine::CpuBackend>,
-    date_facts: bool,
 }
 
 impl Answerer for Local {
     fn answer(&mut self, line: &Line) -> anyhow::Result<Value> {
-        let job = admit(&self.kev, &line.body, self.date_facts).map_err(|r| {
+        let job = self.kev.admit(&line.body).map_err(|r| {
             anyhow::anyhow!(
                 "line {}: refused ({}): {}",
                 line.number,
@@ -229,10 +228,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => {
             let (kev, _info) = load(&args.model, &args.service)?;
-            let mut local = Local {
-                kev,
-                date_facts: args.service.date_facts,
-            };
+            let mut local = Local { kev };
             let name = args
                 .model
                 .model

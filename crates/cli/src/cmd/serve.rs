@@ -12,13 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kev_decide::{Grant, Kev, ModelInfo, Settings, Task};
-use kev_engine::{CpuBackend, State};
+use kev_decide::ModelInfo;
 use kev_release::Release;
-use kev_server::{Admission, ApiError, Decider, EngineStats, Need, ServerConfig, Step};
-use serde_json::Value;
+use kev_server::ServerConfig;
 
-use crate::loading::{ServiceArgs, admit, demo_release, load};
+use crate::loading::{ServiceArgs, demo_release, load};
 use crate::model_args::ModelArgs;
 
 /// Serve the SystemOne HTTP API.
@@ -77,83 +75,6 @@ pub struct Args {
     model_dir: Option<PathBuf>,
 }
 
-/// The decision service as the HTTP server sees it.
-struct ServedModel {
-    kev: Kev<CpuBackend>,
-    card: Value,
-    date_facts: bool,
-}
-
-impl Decider for ServedModel {
-    type Job = Task<State>;
-
-    fn admit(&self, body: &[u8]) -> Result<Admission<Task<State>>, ApiError> {
-        let job = admit(&self.kev, body, self.date_facts).map_err(|r| ApiError::from_wire(&r))?;
-        Ok(Admission {
-            tokens: job.tokens(),
-            job: self.kev.task(job),
-        })
-    }
-
-    fn need(&self, job: &Task<State>) -> Need {
-        let n = self.kev.need(job);
-        Need {
-            phase: n.phase,
-            unit: n.unit,
-            remaining: n.remaining,
-        }
-    }
-
-    fn pass(&self, grants: &mut [(&mut Task<State>, usize)]) -> Vec<Step> {
-        let mut g: Vec<Grant<'_, State>> = grants
-            .iter_mut()
-            .map(|(task, tokens)| Grant {
-                task: &mut **task,
-                tokens: *tokens,
-            })
-            .collect();
-        self.kev
-            .pass(&mut g)
-            .into_iter()
-            .map(|s| match s {
-                kev_decide::Step::Running => Step::Running,
-                kev_decide::Step::Done(Ok(d)) => Step::Done(Ok(d.response)),
-                kev_decide::Step::Done(Err(e)) => {
-                    // The cause stays in the log; the client's 500 names its request id.
-                    tracing::error!(error = %e, "decision failed");
-                    Step::Done(Err(ApiError::from_wire(&e)))
-                }
-            })
-            .collect()
-    }
-
-    fn warm_up(&self) -> Result<(), String> {
-        let body = br#"{"state":"Warm-up: the engine answers one real decision before it is ready.","questions":{"ready":{"type":"noul","instructions":"Is the engine ready?"},"kind":{"type":"choice","instructions":"Which kind of text is this?","criteria":{"notice":null,"question":null}},"level":{"type":"score","instructions":"How formal is it?","criteria":["casual","neutral","formal"]}}}"#;
-        let job = self.kev.admit(body).map_err(|r| r.to_string())?;
-        let out = self.kev.run(&[&job]).pop().ok_or("no result")?;
-        out.map(|_| ()).map_err(|e| e.to_string())
-    }
-
-    fn model_card(&self) -> Value {
-        self.card.clone()
-    }
-
-    fn output_tokens(&self, answers: &Value) -> Option<usize> {
-        self.kev.tokenizer().output_tokens(answers).ok()
-    }
-
-    fn stats(&self) -> EngineStats {
-        let s = self.kev.stats();
-        EngineStats {
-            rows: s.rows,
-            passes: s.passes,
-            cache_hits: s.cache.hits,
-            cache_misses: s.cache.misses,
-            cache_bytes: s.cache.bytes,
-        }
-    }
-}
-
 pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     if args.demo {
         let (base, kev) = demo_release()?;
@@ -164,13 +85,12 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         args.model.model = Some(default_model(release, args.model_dir.clone())?);
     }
     let api_key = api_key(args.api_key_file.as_ref())?;
-    let (kev, info) = load(&args.model, &args.service)?;
-    let settings: Settings = kev.settings().clone();
-    let mut card = card(&info, &settings, args.demo);
-    if let Some(obj) = card.as_object_mut() {
-        let calibration = kev.head().calibration().map(|c| c.card());
-        obj.insert("x_calibration".into(), calibration.unwrap_or(Value::Null));
-        obj.insert("x_date_facts".into(), Value::Bool(args.service.date_facts));
+    let (mut kev, info) = load(&args.model, &args.service)?;
+    if args.demo {
+        kev = kev.with_info(ModelInfo {
+            demo: true,
+            ..info.clone()
+        });
     }
     let names = model_names(&info.base, args.demo, &args.aliases);
     let config = ServerConfig {
@@ -178,7 +98,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         api_key,
         queue_depth: args.queue_depth.max(1),
         queue_deadline: Duration::from_millis(args.queue_deadline_ms),
-        pass_tokens: settings.pass_tokens,
+        pass_tokens: kev.settings().pass_tokens,
         max_body: args.max_body,
         request_timeout: Duration::from_secs(args.request_timeout_s.max(1)),
         model_names: names,
@@ -196,11 +116,8 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         names = ?config.model_names,
         "starting the server"
     );
-    let decider = Arc::new(ServedModel {
-        kev,
-        card,
-        date_facts: args.service.date_facts,
-    });
+    // The library's decision service is the server's decider as it stands (`kev_server::served`).
+    let decider = Arc::new(kev);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -224,25 +141,6 @@ fn model_names(base: &str, demo: bool, aliases: &[String]) -> Vec<String> {
         }
     }
     names
-}
-
-fn card(info: &ModelInfo, settings: &Settings, demo: bool) -> Value {
-    let mut card = info.card(settings);
-    if demo && let Some(obj) = card.as_object_mut() {
-        obj.insert(
-            "description".into(),
-            Value::String(
-                "kev demo: kev-mini, a miniature Kev (hidden 64, 4 layers, trained on synthetic support tickets, \
-                 reviews, routing and JSON checks) in the real Kev formats; it is NOT Kev-4B: its answers are for \
-                 trying the API"
-                    .into(),
-            ),
-        );
-        obj.insert("x_demo".into(), Value::Bool(true));
-        obj.insert("x_model".into(), Value::String("kev-mini".into()));
-        obj.insert("x_miniature".into(), Value::Bool(true));
-    }
-    card
 }
 
 fn api_key(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {

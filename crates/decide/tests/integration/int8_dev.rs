@@ -2,9 +2,9 @@
 //! only (`fixtures/mini/data/dev.jsonl`, never the test split), against kev's exact fp32 arm (within 1e-4
 //! of the author's reference on the test split: `mini.rs`). Prints one line per candidate; the rule and
 //! the figures that chose it are in the engine README ("int8 arm"). Run with
-//! `cargo test -p kev-decide --test int8_dev -- --ignored --nocapture`.
+//! `cargo test -p kev-decide --test integration int8_dev:: -- --ignored --nocapture`.
 
-mod support;
+use crate::support;
 
 use kev_decide::{Kev, WeightForm, load_cpu, load_cpu_int8};
 use kev_engine::{Arm, CpuBackend, Int8Plan, ProjectionKind, SmoothScope};

@@ -3,13 +3,13 @@
 //! shuffle), runs[0] against the plain answer, spreads and stability recomputed from the runs, usage, errors.
 //! The same endpoints over the real engine are checked end to end in the CLI tests (kev serve --demo).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 
 use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
 use serde_json::{Map, Value, json};
-use support::{Running, parse_body, response, validation};
+use support::{Running, done, parse_body, validation};
 
 /// The choice stand-in (`choice_answer`); noul questions get 0.25.
 struct Stub;
@@ -84,11 +84,11 @@ impl Decider for Stub {
                         (id.clone(), a)
                     })
                     .collect();
-                Step::Done(Ok(response(json!({
+                done(json!({
                     "model": v.get("model").cloned().unwrap_or(json!("kev-latest")),
                     "answers": answers,
                     "usage": {"input_tokens": 10 + 5 * qs.len(), "output_tokens": 3 * qs.len()},
-                }))))
+                }))
             })
             .collect()
     }
@@ -375,7 +375,7 @@ fn the_extras_sit_behind_the_api_key() {
 
 #[test]
 fn the_openapi_document_lists_the_extras() {
-    let doc: Value = serde_json::from_str(include_str!("../openapi.json")).unwrap();
+    let doc: Value = serde_json::from_str(include_str!("../../openapi.json")).unwrap();
     for p in ["/v1/systemone/permute", "/v1/systemone/separate"] {
         assert!(
             doc["paths"][p]["post"]["responses"]["422"].is_object(),

@@ -8,7 +8,7 @@
 //! reference margin exceeds 0.02); accuracy equal to the reference arm's and far above chance; and the
 //! README's own example answered sensibly, read from the README itself.
 
-mod support;
+use crate::support;
 
 use std::sync::OnceLock;
 
@@ -147,18 +147,6 @@ fn fixture_arm(arm: &str) -> Vec<Vec<Vec<f64>>> {
 }
 
 #[test]
-fn exact_fp32_matches_the_reference_on_every_test_question() {
-    let got = run_all(&load(WeightForm::Exact, Some(Arm::Fp32)));
-    let g = gap(&got);
-    eprintln!(
-        "kev-mini exact+fp32 vs reference: max |Δp| {:.3e}, mean {:.3e}",
-        g.max, g.mean
-    );
-    assert!(g.max <= 1e-4, "max |Δp| {:.3e} > 1e-4", g.max);
-    assert!(g.flips.is_empty(), "argmax flips: {:?}", g.flips);
-}
-
-#[test]
 fn bf16_compute_and_merged_bf16_meet_the_real_bar() {
     let torch = gap(&fixture_arm("torch_bf16"));
     eprintln!(
@@ -175,11 +163,6 @@ fn bf16_compute_and_merged_bf16_meet_the_real_bar() {
     );
     for (form, arm, label) in [
         (WeightForm::Exact, Arm::Bf16, "exact weights + bf16 compute"),
-        (
-            WeightForm::Merged,
-            Arm::Fp32,
-            "merged bf16 weights + fp32 compute",
-        ),
         (
             WeightForm::Merged,
             Arm::Bf16,
@@ -209,16 +192,18 @@ fn bf16_compute_and_merged_bf16_meet_the_real_bar() {
 /// and `out_proj` in BF16, float copies of the others dropped, measured on every test question against the
 /// fp32 reference arm. Plain W8A8 (no islands) and the SmoothQuant variant (α 0.5 on the norm-reading
 /// projections, calibrated on the dev split) are printed beside it; the rule did not choose them.
-fn int8_gap() -> &'static Gap {
-    static GAP: OnceLock<Gap> = OnceLock::new();
-    GAP.get_or_init(|| {
-        let kev = load(WeightForm::Merged, Some(Arm::Int8));
-        assert!(
-            kev.backend().model().int8_only(),
-            "the float copies of the projections must be dropped"
-        );
-        let g = gap(&run_all(&kev));
-        drop(kev);
+fn int8_gap() -> Gap {
+    let kev = load(WeightForm::Merged, Some(Arm::Int8));
+    assert!(
+        kev.backend().model().int8_only(),
+        "the float copies of the projections must be dropped"
+    );
+    let g = gap(&run_all(&kev));
+    drop(kev);
+    let mut rows = vec![("merged + int8 (the rule: W8A8, layer 0 GDN in/out bf16)", g)];
+    // The variants the rule did not choose are printed for comparison, never asserted: two more runs of
+    // the split, so only on request.
+    if std::env::var_os("KEV_TEST_INT8_VARIANTS").is_some() {
         let (smooth, info, _) = load_cpu_int8(
             &spec(WeightForm::Merged, Some(Arm::Int8)),
             &dev_bodies(),
@@ -235,31 +220,36 @@ fn int8_gap() -> &'static Gap {
         )
         .unwrap_or_else(|e| panic!("loading kev-mini for plain int8: {e}"));
         let pg = gap(&run_all(&plain));
-        for (label, g) in [
-            ("merged + int8 (the rule: W8A8, layer 0 GDN in/out bf16)", &g),
-            ("merged + int8 (plain W8A8, no islands; not the rule)", &pg),
-            (
-                "merged + int8 (SmoothQuant α 0.5 on norm inputs, dev calibration; not the rule)",
-                &sg,
-            ),
-        ] {
-            eprintln!(
-                "kev-mini {label} vs reference: max |Δp| {:.4}, mean {:.5}, {} flips over {} questions with margin > 0.02",
-                g.max,
-                g.mean,
-                g.flips.len(),
-                g.checked
-            );
-        }
-        g
-    })
+        rows.push(("merged + int8 (plain W8A8, no islands; not the rule)", pg));
+        rows.push((
+            "merged + int8 (SmoothQuant α 0.5 on norm inputs, dev calibration; not the rule)",
+            sg,
+        ));
+    } else {
+        eprintln!(
+            "(plain W8A8 and SmoothQuant not run: set KEV_TEST_INT8_VARIANTS=1 to print them beside the rule)"
+        );
+    }
+    for (label, g) in &rows {
+        eprintln!(
+            "kev-mini {label} vs reference: max |Δp| {:.4}, mean {:.5}, {} flips over {} questions with margin > 0.02",
+            g.max,
+            g.mean,
+            g.flips.len(),
+            g.checked
+        );
+    }
+    rows.swap_remove(0).1
 }
 
-/// The parts of the bar the int8 arm meets: mean |Δp| ≤ 0.002 and no argmax flip where the reference
-/// margin exceeds 0.02.
+/// The whole int8 bar from one run of the rule (max |Δp| ≤ 0.02 on every test question, mean ≤ 0.002, no
+/// argmax flip where the reference margin exceeds 0.02; issue 20): measured 0.0065 on the 600-request test
+/// split when the rule was committed (plain W8A8 0.0197 there), 0.0095 on the 2,400-request split (plain
+/// W8A8 0.0259).
 #[test]
-fn int8_keeps_the_mean_and_the_argmax() {
+fn int8_keeps_the_max_the_mean_and_the_argmax() {
     let g = int8_gap();
+    assert!(g.max <= 0.02, "int8: max |Δp| {:.4} > 0.02", g.max);
     assert!(g.mean <= 0.002, "int8: mean |Δp| {:.5} > 0.002", g.mean);
     assert!(
         g.flips.is_empty(),
@@ -268,18 +258,22 @@ fn int8_keeps_the_mean_and_the_argmax() {
     );
 }
 
-/// The rest of the bar, max |Δp| ≤ 0.02 on every test question (issue 20): met by the rule (measured
-/// 0.0065 on the 600-request test split when the rule was committed, plain W8A8 0.0197 there; 0.0095 on
-/// the 2,400-request split, plain W8A8 0.0259).
-#[test]
-fn int8_keeps_the_max() {
-    let g = int8_gap();
-    assert!(g.max <= 0.02, "int8: max |Δp| {:.4} > 0.02", g.max);
-}
-
+/// Merged bf16 weights with fp32 compute: the reference's own merged arm within 1e-4, and the real bar
+/// (max 0.02, mean 0.002, no flip) against the reference, from one run.
 #[test]
 fn merged_fp32_matches_the_reference_merged_arm() {
     let got = run_all(&load(WeightForm::Merged, Some(Arm::Fp32)));
+    let g = gap(&got);
+    eprintln!(
+        "kev-mini merged bf16 weights + fp32 compute vs reference: max |Δp| {:.4}, mean {:.5}, {} flips over {} questions with margin > 0.02",
+        g.max,
+        g.mean,
+        g.flips.len(),
+        g.checked
+    );
+    assert!(g.max <= 0.02, "merged+fp32: max |Δp| {:.4} > 0.02", g.max);
+    assert!(g.mean <= 0.002, "merged+fp32: mean |Δp| {:.5} > 0.002", g.mean);
+    assert!(g.flips.is_empty(), "merged+fp32: argmax flips: {:?}", g.flips);
     let mut max = 0f64;
     for (c, per_q) in cases().iter().zip(&got) {
         for (r, p) in arm_of(c, "merged_bf16").iter().zip(per_q) {
@@ -292,10 +286,20 @@ fn merged_fp32_matches_the_reference_merged_arm() {
     assert!(max <= 1e-4, "max |Δp| {max:.3e} > 1e-4");
 }
 
+/// One run of the exact fp32 arm over the test split holds both of its bars: every probability within 1e-4 of the
+/// reference (no flip), and the same accuracy (each test is its own process under nextest, so the run is
+/// not shared between tests).
 #[test]
-fn test_accuracy_equals_the_reference_and_is_far_above_chance() {
+fn exact_fp32_matches_the_reference_and_its_accuracy_on_every_test_question() {
     let (ref_acc, chance, n) = accuracy(&fixture_arm("reference"));
     let got = run_all(&load(WeightForm::Exact, Some(Arm::Fp32)));
+    let g = gap(&got);
+    eprintln!(
+        "kev-mini exact+fp32 vs reference: max |Δp| {:.3e}, mean {:.3e}",
+        g.max, g.mean
+    );
+    assert!(g.max <= 1e-4, "max |Δp| {:.3e} > 1e-4", g.max);
+    assert!(g.flips.is_empty(), "argmax flips: {:?}", g.flips);
     let (acc, _, _) = accuracy(&got);
     let served = run_all(&load(WeightForm::Merged, None));
     let (served_acc, _, _) = accuracy(&served);

@@ -2,7 +2,7 @@
 //! parity of every arm, shared state vs rows from zero, the prepared-state cache, reruns, invariance to
 //! question ids/order/neighbours, and a wrong model that must fail the bar.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -2,7 +2,7 @@
 //! compressed bodies, request ids, readiness, overload and shutdown. Real answers are tested where the
 //! engine glue is (kev-engine) and end to end in the CLI tests.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
@@ -418,4 +418,31 @@ fn a_request_whose_client_left_is_dropped_before_it_runs() {
         })
         .unwrap();
     assert!(m.contains("kev_queue_abandoned_total 1"), "{m}");
+}
+
+#[test]
+fn the_warm_up_request_runs_the_served_path_before_ready() {
+    let warm =
+        serde_json::json!({"model": "warm-up", "state": "x", "questions": {"q": {"type": "noul"}}});
+    let stub = Arc::new(Stub {
+        warm_up_body: Some(warm.to_string().into_bytes()),
+        ..Stub::default()
+    });
+    let r = support::start_ready(ServerConfig::default(), Arc::clone(&stub));
+    // Ready only once the warm-up request went through the engine thread's passes.
+    assert_eq!(stub.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        stub.passes.lock().unwrap().first(),
+        Some(&vec!["warm-up".to_string()])
+    );
+    drop(r);
+    // A warm-up request the model cannot answer stops the server instead of serving.
+    let stub = Arc::new(Stub {
+        warm_up_body: Some(warm.to_string().into_bytes()),
+        panic_on: Some("warm-up".into()),
+        ..Stub::default()
+    });
+    let r = support::start(ServerConfig::default(), stub);
+    let err = r.stop().expect_err("the server stopped on its own");
+    assert!(err.to_string().contains("warm-up"), "{err}");
 }

@@ -1,7 +1,7 @@
 //! The committed `crates/server/openapi.json` is the document the code derives (`kev_server::openapi`), and
 //! that document covers every endpoint and every status the server answers with.
 //!
-//! On drift, regenerate: `KEV_WRITE_OPENAPI=1 cargo test -p kev-server --test openapi`.
+//! On drift, regenerate: `KEV_WRITE_OPENAPI=1 cargo test -p kev-server --test integration openapi::`.
 
 use std::path::PathBuf;
 
@@ -23,7 +23,7 @@ fn the_committed_document_is_the_generated_one() {
     assert!(
         committed == generated,
         "{} differs from the document the code generates; regenerate it with \
-         `KEV_WRITE_OPENAPI=1 cargo test -p kev-server --test openapi` and commit the result",
+         `KEV_WRITE_OPENAPI=1 cargo test -p kev-server --test integration openapi::` and commit the result",
         path.display()
     );
 }

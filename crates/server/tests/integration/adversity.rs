@@ -3,7 +3,7 @@
 //! busy engine gets its 529 at its deadline, not when the engine is free; long work advances in pieces
 //! between short requests; a request whose time runs out stops between pieces; header semantics.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::sync::Arc;

@@ -307,3 +307,130 @@ fn lone_surrogate_ids_and_options_stay_distinct() {
     let opts: Vec<&str> = probs.keys().map(String::as_str).collect();
     assert_eq!(opts, ["<D800>", "<DC00>", "\u{fffd}"], "{text}");
 }
+
+#[test]
+fn a_fan_out_is_held_to_the_caps_summed_over_its_parts_all_or_nothing() {
+    let part = |state: &str, n: usize| {
+        let qs: serde_json::Map<String, Value> = (0..n)
+            .map(|i| {
+                (
+                    format!("q{i}"),
+                    serde_json::json!({"type": "choice", "criteria": {"a": null, "b": null, "c": null}}),
+                )
+            })
+            .collect();
+        serde_json::to_vec(&serde_json::json!({"state": state, "questions": qs})).unwrap()
+    };
+    let parts = vec![part("one", 2), part("two", 2), part(&long_state(10), 2)];
+    let tokens: Vec<usize> = parts
+        .iter()
+        .map(|p| kev().admit(p).unwrap().tokens())
+        .collect();
+    let total: usize = tokens.iter().sum();
+    let with = |caps: kev_decide::Caps| {
+        load(Settings {
+            caps,
+            cache_bytes: 0,
+            ..Settings::default()
+        })
+    };
+    let caps = kev_decide::Caps {
+        max_questions: 6,
+        max_options: 18,
+        max_input_tokens: total,
+    };
+    // At every cap exactly: admitted, each part as it is alone.
+    let at = with(caps);
+    let jobs = at.admit_parts(&parts).expect("admitted");
+    assert_eq!(jobs.iter().map(|j| j.tokens()).collect::<Vec<_>>(), tokens);
+    // One over each cap in total (each part alone is far under it): refused, naming the parts' total.
+    for (caps, field, value) in [
+        (
+            kev_decide::Caps {
+                max_questions: 5,
+                ..caps
+            },
+            "questions",
+            6,
+        ),
+        (
+            kev_decide::Caps {
+                max_options: 17,
+                ..caps
+            },
+            "options",
+            18,
+        ),
+        (
+            kev_decide::Caps {
+                max_input_tokens: total - 1,
+                ..caps
+            },
+            "input_tokens",
+            total,
+        ),
+    ] {
+        let kev = with(caps);
+        for p in &parts {
+            assert!(
+                kev.admit(p).is_ok(),
+                "{field}: a part alone is under the cap"
+            );
+        }
+        let r = kev.admit_parts(&parts).err().expect("refused");
+        assert_eq!(r.status(), 413, "{field}");
+        let over = *r.over().expect("typed");
+        assert_eq!(over.field, field);
+        assert_eq!(over.parts, 3);
+        assert!(over.value >= value, "{field}: {over:?}");
+        let body = r.body();
+        assert_eq!(body["detail"]["parts"], 3, "{body}");
+        let msg = body["detail"]["message"].as_str().unwrap();
+        assert!(msg.contains("over its 3 parts"), "{msg}");
+    }
+}
+
+#[test]
+fn identical_state_prefixes_in_one_batch_run_once() {
+    // Passes that take the prefix whole, and passes that cut it into 64-token chunks.
+    for pass_tokens in [4096, 64] {
+        // A service of its own: its row counter sees no other test's work.
+        let kev = &load(Settings {
+            cache_bytes: 0,
+            pass_tokens,
+            ..Settings::default()
+        });
+        let body = |q: &str| {
+            serde_json::to_vec(&serde_json::json!({
+                "state": long_state(12),
+                "questions": {q: {"type": "noul", "instructions": q}}
+            }))
+            .unwrap()
+        };
+        let (a, b) = (
+            kev.admit(&body("first")).unwrap(),
+            kev.admit(&body("second")).unwrap(),
+        );
+        let aligned = a.compiled().state_ids().len() / 64 * 64;
+        assert!(aligned >= 128, "the state has a prefix of several chunks");
+        let chunks = if pass_tokens >= aligned {
+            1
+        } else {
+            aligned as u64 / 64
+        };
+        let rows = || kev.stats().rows;
+        let before = rows();
+        let alone = [kev.run(&[&a]), kev.run(&[&b])];
+        let apart = rows() - before;
+        let before = rows();
+        let together = kev.run(&[&a, &b]);
+        let shared = rows() - before;
+        // Apart: the prefix's rows and a branch row each; together the prefix runs once.
+        assert_eq!(apart, 2 * (chunks + 1), "pass_tokens {pass_tokens}");
+        assert_eq!(shared, chunks + 2, "pass_tokens {pass_tokens}");
+        for (one, both) in alone.iter().zip(&together) {
+            let (one, both) = (one[0].as_ref().unwrap(), both.as_ref().unwrap());
+            assert_eq!(one.probabilities, both.probabilities);
+        }
+    }
+}

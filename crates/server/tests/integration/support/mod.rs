@@ -26,6 +26,8 @@ pub struct Stub {
     pub hold_warm_up: Option<Mutex<std::sync::mpsc::Receiver<()>>>,
     /// Panic in a pass holding a job for this model.
     pub panic_on: Option<String>,
+    /// The warm-up request the server answers through its pipeline before it is ready.
+    pub warm_up_body: Option<Vec<u8>>,
     /// Jobs finished.
     pub runs: AtomicUsize,
     /// Tokens run.
@@ -85,6 +87,14 @@ pub fn response(v: Value) -> ResponseBody {
         v["usage"]["input_tokens"].as_u64().unwrap() as usize,
         v["usage"]["output_tokens"].as_u64().unwrap() as usize,
     )
+}
+
+/// A finished pass step answering with this response (a stand-in computes no probabilities).
+pub fn done(v: Value) -> Step {
+    Step::Done(Ok(kev_decide::Decision {
+        probabilities: Vec::new(),
+        response: response(v),
+    }))
 }
 
 /// The body's JSON, or the 422 a stand-in gives for a body that is not JSON.
@@ -166,8 +176,7 @@ impl Decider for Stub {
                     .iter()
                     .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
                     .collect();
-                Step::Done(Ok(response(json!({"model": job.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}})),
-                ))
+                done(json!({"model": job.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}))
             })
             .collect()
     }
@@ -177,6 +186,10 @@ impl Decider for Stub {
             let _ = rx.lock().unwrap().recv();
         }
         Ok(())
+    }
+
+    fn warm_up_request(&self) -> Option<Vec<u8>> {
+        self.warm_up_body.clone()
     }
 
     fn model_card(&self) -> Value {

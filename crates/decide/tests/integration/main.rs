@@ -1,0 +1,8 @@
+//! The integration tests of `kev-decide`, one test binary (each module was its own binary; one link instead
+//! of many keeps the test build and CI short).
+
+mod adversity;
+mod int8_dev;
+mod mini;
+mod parity;
+mod support;

@@ -1,0 +1,306 @@
+//! The admission pipeline: the one way every decision route (`/v1/systemone`, `/v1/systemone/permute`,
+//! `/v1/systemone/separate`) takes a request to the engine and back. A route says only what its body asks the
+//! model — the request bodies of its **parts** — and how their answers make its response ([`Route`]); the guards
+//! are the pipeline's, in this order, for every route:
+//!
+//! 1. draining → 503; not ready → 503; a multipart body → 415; an unknown `Content-Encoding` → 415;
+//! 2. **a queue slot** ([`crate::queue::Queue::reserve`]), one per request whatever its parts: a full queue
+//!    answers 429 before the body is read;
+//! 3. the body, within the body-read timeout (408) and the body limit (413);
+//! 4. **an admission permit** (about one per core; none within the queue deadline → 529);
+//! 5. on a blocking worker: the content codings undone (each output held to the body limit), [`Route::split`]
+//!    (the route's own checks and its parts), [`Decider::admit_parts`] — every part validated and compiled, the
+//!    per-request work caps held for the parts together (413 naming the cap), all or nothing;
+//! 6. the parts submitted together on the request's slot ([`crate::queue::Queue::submit`]) and their answers
+//!    awaited ([`crate::queue::Queue::answer`]): 529 if none has started at the queue deadline; a hang-up or the
+//!    request timeout (408) drops the handler and stops every part before its next pass;
+//! 7. [`Route::merge`] → 200.
+//!
+//! A new decision route (a batch of independent requests, say) is one more [`Route`]: its parts get every guard
+//! above without a line of its own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::http::{error_response, json_response, request_id};
+use crate::queue::Answered;
+use crate::{App, Decider};
+
+/// What a decision route makes of a request.
+pub(crate) trait Route<D: Decider>: Clone + Send + 'static {
+    /// What [`Route::merge`] needs from [`Route::split`].
+    type Plan: Send + 'static;
+
+    /// The decoded body → the request bodies of its parts (at least one) and the plan; the route's own checks
+    /// answer here. Runs on a blocking worker holding an admission permit.
+    fn split(&self, decider: &D, body: Vec<u8>) -> Result<(Vec<Vec<u8>>, Self::Plan), ApiError>;
+
+    /// The parts' answers, in order → the response body.
+    fn merge(&self, decider: &D, plan: Self::Plan, answers: Answers) -> Result<Value, ApiError>;
+}
+
+/// A request's answers: one per part, in order, and the time from their submission to the last answer.
+pub(crate) struct Answers {
+    /// One per part.
+    pub parts: Vec<Answered>,
+    /// From the parts' submission to the last answer.
+    pub elapsed: Duration,
+}
+
+/// Milliseconds to one decimal, as `x_latency_ms` reports them.
+pub(crate) fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10_000.0).round() / 10.0
+}
+
+/// `POST /v1/systemone`: the request is its only part; its answer gets the engine time as `x_latency_ms`.
+#[derive(Clone, Copy)]
+pub(crate) struct SystemOne;
+
+impl<D: Decider> Route<D> for SystemOne {
+    type Plan = ();
+
+    fn split(&self, _: &D, body: Vec<u8>) -> Result<(Vec<Vec<u8>>, ()), ApiError> {
+        Ok((vec![body], ()))
+    }
+
+    fn merge(&self, _: &D, _: (), answers: Answers) -> Result<Value, ApiError> {
+        let part = answers
+            .parts
+            .into_iter()
+            .next()
+            .ok_or_else(ApiError::internal)?;
+        let latency = ms(part.compute);
+        Ok(part.body.extra("x_latency_ms", json!(latency)).to_value())
+    }
+}
+
+/// The handler of every decision route: the pipeline, its answer or error, and a `Server-Timing` header.
+pub(crate) async fn handle<D: Decider, R: Route<D>>(
+    app: Arc<App<D>>,
+    route: R,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let rid = request_id(&headers);
+    let mut resp = match serve(&app, route, &headers, body, &rid).await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => error_response(e, &rid),
+    };
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if let Ok(v) = HeaderValue::from_str(&format!("app;dur={elapsed_ms:.1}")) {
+        resp.headers_mut()
+            .insert(HeaderName::from_static("server-timing"), v);
+    }
+    resp
+}
+
+/// Steps 1–3, then [`admit_and_answer`].
+async fn serve<D: Decider, R: Route<D>>(
+    app: &Arc<App<D>>,
+    route: R,
+    headers: &HeaderMap,
+    body: Body,
+    rid: &str,
+) -> Result<Value, ApiError> {
+    if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ApiError::draining());
+    }
+    if !app.is_ready() {
+        return Err(ApiError::not_ready());
+    }
+    if let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        && ct
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("multipart/")
+    {
+        return Err(ApiError::unsupported_media(
+            "Kev is text-only: multipart bodies (image assets) are not supported; send the request as application/json",
+        ));
+    }
+    let codings = content_codings(headers)?;
+    // A slot before any work: a full queue answers 429 before the body is even read.
+    let slot = app.queue.reserve()?;
+    let wait = app
+        .config
+        .body_read_timeout
+        .max(app.config.header_read_timeout);
+    let raw = tokio::time::timeout(wait, read_body(body, app.config.max_body))
+        .await
+        .map_err(|_| ApiError::body_timeout())??;
+    admit_and_answer(app, route, slot, raw, codings, rid).await
+}
+
+/// `/v1/systemone`'s answer to a body the server holds (the warm-up request): steps 2 and 4–7, as a request
+/// that arrived over HTTP.
+pub(crate) async fn answer_body<D: Decider>(
+    app: &Arc<App<D>>,
+    body: Vec<u8>,
+    rid: &str,
+) -> Result<Value, ApiError> {
+    let slot = app.queue.reserve()?;
+    admit_and_answer(app, SystemOne, slot, body, Vec::new(), rid).await
+}
+
+/// Steps 4–7: permit, decode, split, admit every part, submit them together, await and merge their answers.
+async fn admit_and_answer<D: Decider, R: Route<D>>(
+    app: &Arc<App<D>>,
+    route: R,
+    slot: crate::queue::Slot<D::Job>,
+    raw: Vec<u8>,
+    codings: Vec<Coding>,
+    rid: &str,
+) -> Result<Value, ApiError> {
+    // An admission permit (about one per core) before decoding, parsing or tokenizing.
+    let wait = app.queue.deadline();
+    let permit = tokio::time::timeout(wait, app.permits.acquire())
+        .await
+        .map_err(|_| ApiError::overloaded(wait.as_millis(), 1))?
+        .map_err(|_| ApiError::draining())?;
+    let decider = Arc::clone(&app.decider);
+    let max_body = app.config.max_body;
+    let splitter = route.clone();
+    let (plan, admitted) = tokio::task::spawn_blocking(move || {
+        let bytes = decode_body(raw, &codings, max_body)?;
+        let (bodies, plan) = splitter.split(&decider, bytes)?;
+        let admitted = decider.admit_parts(&bodies)?;
+        Ok::<_, ApiError>((plan, admitted))
+    })
+    .await
+    .map_err(|_| ApiError::internal())??;
+    drop(permit);
+    let parts = admitted.into_iter().map(|a| (a.job, a.tokens)).collect();
+    let submitted = Instant::now();
+    let ticket = app.queue.submit(slot, parts)?;
+    metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
+    let parts = app.queue.answer(ticket, rid).await?;
+    let elapsed = submitted.elapsed();
+    // Per request: its wait is its first part's, its engine time its longest part's.
+    let queued = parts.iter().map(|p| p.queued).min().unwrap_or_default();
+    let compute = parts.iter().map(|p| p.compute).max().unwrap_or_default();
+    metrics::histogram!("kev_queue_wait_seconds").record(queued.as_secs_f64());
+    metrics::histogram!("kev_compute_seconds").record(compute.as_secs_f64());
+    let (input, output) = parts.iter().fold((0, 0), |(i, o), p| {
+        (
+            i + p.body.usage().input_tokens,
+            o + p.body.usage().output_tokens,
+        )
+    });
+    metrics::counter!("kev_input_tokens_total").increment(input as u64);
+    metrics::counter!("kev_output_tokens_total").increment(output as u64);
+    route.merge(&app.decider, plan, Answers { parts, elapsed })
+}
+
+/// Past the limit, read (and drop) this much more before answering 413, so a client still sending its
+/// body gets the 413 instead of a connection reset.
+const LINGER_BYTES: usize = 16 << 20;
+
+/// The body as sent (still encoded), or 413 once it is over `limit`.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_body(format!("could not read the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if seen > limit {
+            buf = Vec::new();
+            if seen > limit + LINGER_BYTES {
+                break;
+            }
+        } else {
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(buf)
+}
+
+/// A content coding the server decodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Coding {
+    Gzip,
+    Zstd,
+    Deflate,
+}
+
+/// The codings of `Content-Encoding`, in the order they were applied (names case-insensitive, RFC 9110
+/// §8.4.1; `identity` skipped; several headers or comma-separated lists stack). 415 naming the first
+/// coding the server does not decode.
+pub(crate) fn content_codings(headers: &HeaderMap) -> Result<Vec<Coding>, ApiError> {
+    let mut out = Vec::new();
+    for value in headers.get_all(header::CONTENT_ENCODING) {
+        let text = value.to_str().map_err(|_| {
+            ApiError::unsupported_media(
+                "unreadable Content-Encoding: send identity, gzip, zstd or deflate",
+            )
+        })?;
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let coding = match name.to_ascii_lowercase().as_str() {
+                "identity" => continue,
+                "gzip" | "x-gzip" => Coding::Gzip,
+                "zstd" => Coding::Zstd,
+                "deflate" => Coding::Deflate,
+                _ => {
+                    return Err(ApiError::unsupported_media(format!(
+                        "unsupported Content-Encoding {name:?}: send identity, gzip, zstd or deflate (stacked codings are decoded in order)"
+                    )));
+                }
+            };
+            out.push(coding);
+        }
+    }
+    Ok(out)
+}
+
+/// Undo the codings, last applied first, each output held to `limit` bytes (413 past it, so a
+/// decompression bomb costs at most `limit` bytes of work per coding).
+pub(crate) fn decode_body(
+    raw: Vec<u8>,
+    codings: &[Coding],
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    use std::io::Read;
+    let mut data = raw;
+    for coding in codings.iter().rev() {
+        let mut out = Vec::new();
+        let cap = limit as u64 + 1;
+        let read = match coding {
+            Coding::Gzip => flate2::read::MultiGzDecoder::new(&data[..])
+                .take(cap)
+                .read_to_end(&mut out),
+            Coding::Deflate => flate2::read::ZlibDecoder::new(&data[..])
+                .take(cap)
+                .read_to_end(&mut out),
+            Coding::Zstd => zstd::stream::read::Decoder::new(&data[..])
+                .and_then(|d| d.take(cap).read_to_end(&mut out)),
+        };
+        if read.is_err() {
+            return Err(ApiError::bad_body(
+                format!("the request body is not valid {coding:?} data (Content-Encoding)")
+                    .to_lowercase(),
+            ));
+        }
+        if out.len() > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        data = out;
+    }
+    Ok(data)
+}

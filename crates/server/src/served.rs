@@ -1,0 +1,72 @@
+//! The model the server serves: [`kev_decide::Kev`] is a [`Decider`] as it stands. A job is its
+//! [`kev_decide::Task`], a pass is [`kev_decide::Kev::pass`] (the executor every front end uses), the
+//! records ([`crate::Need`], [`crate::Step`], [`crate::Stats`]) are its own; a refusal becomes its HTTP answer
+//! here, through the one status table ([`ApiError::from_wire`]).
+
+use kev_decide::{Grant, Kev, Task};
+use kev_engine::Backend;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::{Admission, Decider, Need, Stats, Step};
+
+/// The warm-up decision `/ready` waits for: one question of each kind, answered through the served path.
+pub const WARM_UP_REQUEST: &[u8] = br#"{"state":"Warm-up: the engine answers one real decision before it is ready.","questions":{"ready":{"type":"noul","instructions":"Is the engine ready?"},"kind":{"type":"choice","instructions":"Which kind of text is this?","criteria":{"notice":null,"question":null}},"level":{"type":"score","instructions":"How formal is it?","criteria":["casual","neutral","formal"]}}}"#;
+
+impl<B> Decider for Kev<B>
+where
+    B: Backend + Send + Sync + 'static,
+    B::State: Send + Sync + 'static,
+{
+    type Job = Task<B::State>;
+
+    fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError> {
+        let job = Kev::admit(self, body).map_err(|r| ApiError::from_wire(&r))?;
+        Ok(Admission {
+            tokens: job.tokens(),
+            job: self.task(job),
+        })
+    }
+
+    fn admit_parts(&self, bodies: &[Vec<u8>]) -> Result<Vec<Admission<Self::Job>>, ApiError> {
+        let jobs = Kev::admit_parts(self, bodies).map_err(|r| ApiError::from_wire(&r))?;
+        Ok(jobs
+            .into_iter()
+            .map(|job| Admission {
+                tokens: job.tokens(),
+                job: self.task(job),
+            })
+            .collect())
+    }
+
+    fn need(&self, job: &Self::Job) -> Need {
+        Kev::need(self, job)
+    }
+
+    fn pass(&self, grants: &mut [(&mut Self::Job, usize)]) -> Vec<Step> {
+        let mut grants: Vec<Grant<'_, B::State>> = grants
+            .iter_mut()
+            .map(|(task, tokens)| Grant {
+                task: &mut **task,
+                tokens: *tokens,
+            })
+            .collect();
+        Kev::pass(self, &mut grants)
+    }
+
+    fn warm_up_request(&self) -> Option<Vec<u8>> {
+        Some(WARM_UP_REQUEST.to_vec())
+    }
+
+    fn model_card(&self) -> Value {
+        self.card()
+    }
+
+    fn output_tokens(&self, answers: &Value) -> Option<usize> {
+        self.tokenizer().output_tokens(answers).ok()
+    }
+
+    fn stats(&self) -> Stats {
+        Kev::stats(self)
+    }
+}

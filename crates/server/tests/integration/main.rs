@@ -1,0 +1,9 @@
+//! The integration tests of `kev-server`, one test binary (each module was its own binary; one link instead
+//! of many keeps the test build and CI short).
+
+mod adversity;
+mod http;
+mod openapi;
+mod routes;
+mod support;
+mod tools;

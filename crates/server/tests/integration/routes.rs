@@ -1,0 +1,252 @@
+//! The server's adversity tests against each decision route (`/v1/systemone`, `/permute`, `/separate`: one
+//! admission pipeline): a slow body gets 408; with the queue full each answers 429 before its body is read; a
+//! multipart body gets 415; a hang-up or a timeout stops every part of a fan-out at its next pass (each part
+//! counted in `kev_engine_cancelled_total`); a fan-out takes one queue slot. (Beside `adversity.rs`, not in it:
+//! the metrics recorder is the process's, and these tests' rejections and cancellations would show in that
+//! file's exact counts.) The fan-out held to the work caps, all or nothing, needs the real model's caps: the CLI
+//! tests check it on `kev serve` (`crates/cli/tests/serve_adversity.rs`).
+
+use crate::support;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kev_server::ServerConfig;
+use serde_json::{Value, json};
+use support::{Running, Stub, agent, json_of, send};
+
+fn start(config: ServerConfig, stub: Arc<Stub>) -> Running {
+    support::start_ready(config, stub)
+}
+
+fn metric(r: &Running, name: &str) -> f64 {
+    let (_, resp) = send(agent().get(&r.url("/metrics")), b"");
+    let text = resp.into_string().unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Every route that answers decisions, and a body for it asking for one question of `tokens` tokens per part
+/// (`parts` parts where the route fans out: `/permute` runs each option order as a part, `/separate` each
+/// question).
+const DECISION_ROUTES: [&str; 3] = [
+    "/v1/systemone",
+    "/v1/systemone/permute",
+    "/v1/systemone/separate",
+];
+
+fn route_body(route: &str, tokens: usize, parts: usize) -> Vec<u8> {
+    let question = json!({"type": "choice", "criteria": {"a": null, "b": null, "c": null}});
+    let questions: serde_json::Map<String, Value> = (0..parts.max(1))
+        .map(|i| (format!("q{i}"), question.clone()))
+        .collect();
+    let request = json!({"model": "fan", "state": "x", "tokens": tokens, "whole": false, "unit": 64,
+                         "questions": questions});
+    match route {
+        "/v1/systemone/permute" => {
+            let mut one = request.clone();
+            one["questions"] = json!({"q0": question});
+            json!({"request": one, "question": "q0", "n_perm": parts})
+        }
+        _ => request,
+    }
+    .to_string()
+    .into_bytes()
+}
+
+/// The request head of a POST to `route` announcing a body of `len` bytes.
+fn head(route: &str, len: usize, content_type: &str) -> String {
+    format!(
+        "POST {route} HTTP/1.1\r\nhost: x\r\ncontent-type: {content_type}\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+    )
+}
+
+/// The status and body of the answer on `s` (read to the end: the server closes after answering).
+fn answer_of(s: &mut std::net::TcpStream) -> (u16, Value) {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let text = String::from_utf8_lossy(&all).into_owned();
+    let status = text
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let v = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+    (status, v)
+}
+
+#[test]
+fn a_slow_body_gets_408_on_every_decision_route() {
+    let config = ServerConfig {
+        header_read_timeout: Duration::from_millis(400),
+        body_read_timeout: Duration::from_millis(400),
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    for route in DECISION_ROUTES {
+        let b = route_body(route, 10, 2);
+        let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+        s.write_all(head(route, b.len(), "application/json").as_bytes())
+            .unwrap();
+        s.write_all(&b[..10]).unwrap(); // then nothing
+        let t = Instant::now();
+        let (status, v) = answer_of(&mut s);
+        assert_eq!(status, 408, "{route}: {v}");
+        assert_eq!(v["detail"]["error_type"], "timeout_error", "{route}: {v}");
+        assert!(
+            v["detail"]["message"].as_str().unwrap().contains("body"),
+            "{route}: {v}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{route}: 408 after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[test]
+fn a_full_queue_answers_429_on_every_decision_route_before_the_body_is_read() {
+    let config = ServerConfig {
+        queue_depth: 2,
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    // Two requests hold both slots while their bodies never come.
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+            s.write_all(head("/v1/systemone", 100, "application/json").as_bytes())
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    for route in DECISION_ROUTES {
+        // Headers only: the answer must come without the body.
+        let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+        s.write_all(head(route, 1000, "application/json").as_bytes())
+            .unwrap();
+        let t = Instant::now();
+        let (status, v) = answer_of(&mut s);
+        assert_eq!(status, 429, "{route}: {v}");
+        assert_eq!(v["detail"]["error_type"], "rate_limit_error", "{route}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{route}");
+    }
+    assert_eq!(metric(&r, "kev_queue_rejected_total"), 3.0);
+    drop(held);
+}
+
+#[test]
+fn a_multipart_body_gets_415_on_every_decision_route() {
+    let r = start(ServerConfig::default(), Arc::new(Stub::new(Duration::ZERO)));
+    for route in DECISION_ROUTES {
+        let (status, resp) = send(
+            agent()
+                .post(&r.url(route))
+                .set("content-type", "multipart/form-data; boundary=x"),
+            &route_body(route, 10, 2),
+        );
+        let v = json_of(resp);
+        assert_eq!(status, 415, "{route}: {v}");
+        assert!(
+            v["detail"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("multipart"),
+            "{route}: {v}"
+        );
+    }
+}
+
+/// The parts of a fan-out, left to run `tokens` tokens each, and what stops them: the client hanging up, or the
+/// request timeout (1 s).
+fn fan_out_stops(route: &str, parts: usize, hang_up: bool) {
+    let config = ServerConfig {
+        pass_tokens: 64,
+        request_timeout: Duration::from_secs(if hang_up { 300 } else { 1 }),
+        ..ServerConfig::default()
+    };
+    // Parts of 5,000 tokens at 1 ms a token: seconds of work each, in 64-token pieces.
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let b = route_body(route, 5000, parts);
+    let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+    s.write_all(head(route, b.len(), "application/json").as_bytes())
+        .unwrap();
+    s.write_all(&b).unwrap();
+    if hang_up {
+        std::thread::sleep(Duration::from_millis(500));
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(s);
+    } else {
+        let t = Instant::now();
+        let (status, v) = answer_of(&mut s);
+        assert_eq!(status, 408, "{route}: {v}");
+        assert_eq!(v["detail"]["error_type"], "timeout_error");
+        assert!(t.elapsed() < Duration::from_millis(2500), "{route}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let ran = stub.tokens_run.load(Ordering::SeqCst);
+    assert!(ran > 0, "{route}: nothing ran");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        stub.tokens_run.load(Ordering::SeqCst),
+        ran,
+        "{route}: parts kept running after the client was gone"
+    );
+    assert!(ran < parts * 2000, "{route}: {ran} tokens ran");
+    assert_eq!(stub.runs.load(Ordering::SeqCst), 0, "{route}");
+    // Every part counts, started or still waiting behind its siblings. (The counter is the process's: each
+    // case here cancels more parts than the one before, so the figure read is this server's own.)
+    assert_eq!(
+        metric(&r, "kev_engine_cancelled_total"),
+        parts as f64,
+        "{route}"
+    );
+}
+
+#[test]
+fn a_hang_up_or_a_timeout_stops_every_part_of_a_fan_out_at_its_next_pass() {
+    fan_out_stops("/v1/systemone/permute", 4, true);
+    fan_out_stops("/v1/systemone/separate", 5, true);
+    fan_out_stops("/v1/systemone/permute", 6, false);
+    fan_out_stops("/v1/systemone/separate", 7, false);
+}
+
+#[test]
+fn a_fan_out_takes_one_queue_slot_whatever_its_parts() {
+    // Four slots; a separate of 100 questions (the old way, one slot a part, was a 429 on an idle server:
+    // a retry could never succeed) and a permute of 64 orders are answered.
+    let config = ServerConfig {
+        queue_depth: 4,
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub::new(Duration::ZERO));
+    let r = start(config, Arc::clone(&stub));
+    let (status, resp) = send(
+        agent()
+            .post(&r.url("/v1/systemone/separate"))
+            .set("content-type", "application/json"),
+        &route_body("/v1/systemone/separate", 10, 100),
+    );
+    let v = json_of(resp);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["answers"].as_object().unwrap().len(), 100);
+    let (status, resp) = send(
+        agent()
+            .post(&r.url("/v1/systemone/permute"))
+            .set("content-type", "application/json"),
+        &route_body("/v1/systemone/permute", 10, 64),
+    );
+    let v = json_of(resp);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["runs"].as_array().unwrap().len(), 64);
+    assert_eq!(stub.runs.load(Ordering::SeqCst), 164);
+}
