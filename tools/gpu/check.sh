@@ -25,6 +25,6 @@ export KEV_REQUIRE_CUDA=1
 status=0
 for t in device backend; do
   echo "== kev-cuda $t"
-  if ./target/gpu/kev-cuda-"$t" --nocapture --test-threads=1; then echo "PASS $t"; else echo "FAIL $t"; status=1; fi
+  if ./target/gpu/kev-cuda-integration "$t":: --nocapture --test-threads=1; then echo "PASS $t"; else echo "FAIL $t"; status=1; fi
 done
 exit $status

@@ -152,3 +152,42 @@ fn exact_weights_need_the_release_files() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--base DIR --kev DIR"), "{err}");
 }
+
+/// What `kev synth` writes loads through the one loader: its `kev/` holds the head in the prepared form
+/// (`head.safetensors` + `kev_head.json`, no `head.pt`), and `--kev` takes it as it is.
+#[test]
+fn a_synth_release_answers_kev_decide_base_kev() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = kev()
+        .args(["synth", "--config", "tiny", "--shards", "1", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kev synth: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (base, kev_dir) = (dir.path().join("base"), dir.path().join("kev"));
+    assert!(!kev_dir.join("head.pt").exists() && kev_dir.join("kev_head.json").is_file());
+    let request = fixtures().join("requests/valid/choice-5-mixed-descriptions.json");
+    let out = kev()
+        .arg("decide")
+        .arg("--base")
+        .arg(&base)
+        .arg("--kev")
+        .arg(&kev_dir)
+        .arg("--request")
+        .arg(&request)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kev decide on the synth release: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answers = v["answers"].as_object().expect("answers");
+    assert!(!answers.is_empty(), "{v}");
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{v}");
+}

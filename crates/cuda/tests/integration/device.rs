@@ -6,7 +6,7 @@
 //!   within fp32 rounding, and a rerun is bit-equal. On a GPU machine without Rust, build the test binary here
 //!   (`cargo test -p kev-cuda --release --no-run`), carry it, and run it there.
 
-mod common;
+use crate::common;
 
 use common::device;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};

@@ -189,6 +189,91 @@ fn separate_and_permute_agree_with_systemone_on_every_fixture_request() {
     );
 }
 
+fn rows_run(s: &Served) -> u64 {
+    let text = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("kev_engine_rows_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `/permute` and `/separate` admit their parts together against the per-request caps summed over the parts
+/// (413 naming the cap and the parts, nothing run), and take one queue slot: `/separate` at `--max-questions`
+/// on a queue of fewer slots is answered.
+#[test]
+fn a_fan_out_is_held_to_the_work_caps_all_or_nothing() {
+    let choice: Map<String, Value> = (0..20)
+        .map(|i| (format!("option {i}"), Value::Null))
+        .collect();
+    let request = json!({"state": "A customer writes about a late order and asks what to do.",
+                         "questions": {"pick": {"type": "choice", "criteria": choice}}});
+    let permute = |n: usize| {
+        serde_json::to_vec(&json!({"request": request, "question": "pick", "n_perm": n})).unwrap()
+    };
+    // One part's input tokens, as /v1/systemone counts them.
+    let plain = Served::start(&[]);
+    let (status, v) = plain.post("/v1/systemone", &serde_json::to_vec(&request).unwrap());
+    assert_eq!(status, 200, "{v}");
+    let part = v["usage"]["input_tokens"].as_u64().unwrap();
+    drop(plain);
+
+    let cap = 10 * part;
+    let s = Served::start(&["--max-input-tokens", &cap.to_string()]);
+    let before = rows_run(&s);
+    // 64 option orders: 6.4 × the cap over the parts, each part alone far under it.
+    let (status, v) = s.post("/v1/systemone/permute", &permute(64));
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["detail"]["field"], "input_tokens", "{v}");
+    assert_eq!(v["detail"]["limit"], cap, "{v}");
+    assert_eq!(v["detail"]["parts"], 64, "{v}");
+    assert!(v["detail"]["value"].as_u64().unwrap() > cap, "{v}");
+    assert_eq!(rows_run(&s), before, "a refused fan-out ran rows");
+    // Ten parts fill the cap exactly: answered.
+    let (status, v) = s.post("/v1/systemone/permute", &permute(10));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["runs"].as_array().unwrap().len(), 10);
+    drop(s);
+
+    let s = Served::start(&["--max-questions", "8", "--queue-depth", "2"]);
+    // The parts' questions count together too: nine orders are nine questions.
+    let (status, v) = s.post("/v1/systemone/permute", &permute(9));
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(
+        (&v["detail"]["field"], &v["detail"]["value"]),
+        (&json!("questions"), &json!(9)),
+        "{v}"
+    );
+    // /separate at --max-questions, more parts than queue slots: one slot, answered.
+    let questions: Map<String, Value> = (0..8)
+        .map(|i| {
+            (
+                format!("q{i}"),
+                json!({"type": "noul", "instructions": format!("Question {i}?")}),
+            )
+        })
+        .collect();
+    let eight = json!({"state": "A short ticket.", "questions": questions});
+    let (status, v) = s.post(
+        "/v1/systemone/separate",
+        &serde_json::to_vec(&eight).unwrap(),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["answers"].as_object().unwrap().len(), 8);
+    // One over: the whole request's 413, exactly as /v1/systemone answers it.
+    let mut nine = eight.clone();
+    nine["questions"]["q8"] = json!({"type": "noul"});
+    let nine = serde_json::to_vec(&nine).unwrap();
+    let (s1, v1) = s.post("/v1/systemone", &nine);
+    let (s2, v2) = s.post("/v1/systemone/separate", &nine);
+    assert_eq!((s1, &v1), (s2, &v2));
+    assert_eq!(s2, 413);
+    assert_eq!(v2["detail"]["field"], "questions");
+}
+
 /// SplitMix64, for drawing labels.
 struct Rng(u64);
 impl Rng {

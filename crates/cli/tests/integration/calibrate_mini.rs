@@ -39,23 +39,30 @@ fn calibration_on_the_kev_mini_test_split() {
     };
     let dir = tempfile::tempdir().unwrap();
     let data = m.join("data/test.jsonl");
-    for (scale, by) in [
+    // The model scores the split once (`--save-scores`); the other five fits read those logits back
+    // (`--scores`), and a sixth fit of the first case from the saved logits must write the same file.
+    let scores = dir.path().join("scores.json");
+    for (i, (scale, by)) in [
         (3.0, "global"),
         (1.0 / 3.0, "global"),
         (3.0, "type"),
         (1.0 / 3.0, "type"),
         (3.0, "options"),
         (1.0 / 3.0, "options"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let out = dir.path().join(format!("calib-{by}-{scale:.2}.json"));
-        let run = kev(&m, "calibrate")
-            .arg("--data")
+        let mut cmd = kev(&m, "calibrate");
+        cmd.arg("--data")
             .arg(&data)
             .args(["--by", by, "--start-scale", &scale.to_string()])
             .arg("--out")
             .arg(&out)
-            .output()
-            .unwrap();
+            .arg(if i == 0 { "--save-scores" } else { "--scores" })
+            .arg(&scores);
+        let run = cmd.output().unwrap();
         assert!(
             run.status.success(),
             "{}",
@@ -79,6 +86,35 @@ fn calibration_on_the_kev_mini_test_split() {
             "×{scale} by {by}: {all}"
         );
 
+        if i == 0 {
+            let again = dir.path().join("again.json");
+            let refit = kev(&m, "calibrate")
+                .arg("--data")
+                .arg(&data)
+                .args(["--by", by, "--start-scale", &scale.to_string()])
+                .arg("--out")
+                .arg(&again)
+                .arg("--scores")
+                .arg(&scores)
+                .output()
+                .unwrap();
+            assert!(
+                refit.status.success(),
+                "{}",
+                String::from_utf8_lossy(&refit.stderr)
+            );
+            assert_eq!(
+                std::fs::read(&again).unwrap(),
+                std::fs::read(&out).unwrap(),
+                "a fit from saved scores differs from the model run's"
+            );
+        }
+        // Serving a fitted file runs the model again: once per grouping is enough to hold each grouping's
+        // temperatures, as served, to the report (the other starts differ only in the fit's starting point).
+        // (global ×3, type ×⅓, options ×3).
+        if ![0, 3, 4].contains(&i) {
+            continue;
+        }
         let eval_json = dir.path().join("eval.json");
         let ev = kev(&m, "eval")
             .arg("--calibration")

@@ -4,7 +4,7 @@
 //! position `max|Δh| / max|h|`; printed as the median and the worst position. Random weights amplify
 //! rounding chaotically (engine README), so nothing is asserted beyond finiteness: this is a measurement.
 //!
-//! `KEV_INT8_HIDDEN_BASE=S/base cargo test --release -p kev-engine --test int8_hidden -- --ignored
+//! `KEV_INT8_HIDDEN_BASE=S/base cargo test --release -p kev-engine --test integration int8_hidden:: -- --ignored
 //! --nocapture` (without the variable it measures the tiny fixture release, which is how it is tested).
 
 use std::path::PathBuf;

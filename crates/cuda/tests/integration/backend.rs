@@ -6,7 +6,7 @@
 //! On a GPU machine without Rust: build with `cargo test -p kev-cuda --release --no-run`, carry the
 //! `target/release/deps/backend-*` binary, run it from the repository root (or set `KEV_FIXTURES`).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

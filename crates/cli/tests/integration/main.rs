@@ -1,0 +1,8 @@
+//! The integration tests of `kev` (crates/cli), one test binary (each module was its own binary; one link instead
+//! of many keeps the test build and CI short).
+
+mod calibrate_mini;
+mod decide;
+mod prepare_int8;
+mod serve_adversity;
+mod tools;
