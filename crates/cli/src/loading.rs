@@ -51,6 +51,13 @@ pub struct ServiceArgs {
     /// `usage.input_tokens` counts them (more → 413).
     #[arg(long, env = "KEV_MAX_INPUT_TOKENS", default_value_t = Caps::default().max_input_tokens)]
     pub max_input_tokens: usize,
+    /// Most requests in one `/v1/systemone/batch` call (more → 413).
+    #[arg(long, env = "KEV_MAX_BATCH_REQUESTS", default_value_t = Caps::default().max_batch_requests)]
+    pub max_batch_requests: usize,
+    /// Most input tokens over all admitted requests of one batch (more → 413; each request is also held
+    /// to --max-input-tokens on its own).
+    #[arg(long, env = "KEV_MAX_BATCH_INPUT_TOKENS", default_value_t = Caps::default().max_batch_input_tokens)]
+    pub max_batch_input_tokens: usize,
 }
 
 impl ServiceArgs {
@@ -69,6 +76,8 @@ impl ServiceArgs {
                 max_questions: self.max_questions,
                 max_options: self.max_options,
                 max_input_tokens: self.max_input_tokens,
+                max_batch_requests: self.max_batch_requests,
+                max_batch_input_tokens: self.max_batch_input_tokens,
             },
             pass_tokens: self.pass_tokens.max(1),
             cache_bytes: self.cache_bytes.unwrap_or_else(default_cache_bytes),

@@ -26,6 +26,10 @@ pub struct Request {
     pub state: Value,
     /// The questions (at least one), answered in this order.
     pub questions: BTreeMap<String, Question>,
+    /// kev extension: `true` adds `x_logits` (each option's pointer logit before the temperature) to the
+    /// response; nothing else in it changes. Other servers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_logits: Option<bool>,
 }
 
 /// A question about the state (other fields are ignored, as Kev 1.0 ignores them).
@@ -89,6 +93,11 @@ pub struct Response {
     /// With `--truncate-state`: the state tokens read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x_state_tokens_used: Option<u64>,
+    /// With `x_logits: true` in the request: question id → probability key → the option's pointer logit
+    /// `z = (k · q) / sqrt(head_dim)`, before the temperature (unrounded; the probabilities are
+    /// `softmax(z / T)`, `T` the model card's temperature or the calibration's for the question's group).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_logits: Option<BTreeMap<String, BTreeMap<String, f64>>>,
 }
 
 /// One question's answer (probabilities rounded to 4 places).

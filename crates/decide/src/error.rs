@@ -29,6 +29,18 @@ impl OverCap {
         let (at_least, what) = match self.field {
             "questions" => ("", "questions in the request"),
             "options" => ("", "options over all questions; a noul question has 2"),
+            "requests" => {
+                return format!(
+                    "too much work in one batch: requests is {}, over the limit of {}; split the batch",
+                    self.value, self.bound
+                );
+            }
+            "batch_input_tokens" => {
+                return format!(
+                    "too much work in one batch: input_tokens over its admitted requests is at least {}, over the limit of {} (usage.input_tokens summed); split the batch",
+                    self.value, self.bound
+                );
+            }
             _ => (
                 "at least ",
                 "the state once plus every question's branch, as usage.input_tokens counts them",

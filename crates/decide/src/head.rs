@@ -103,27 +103,52 @@ impl PointerHead {
     /// [`PointerHead::probabilities`] for a question of type `kind`: at the calibration's temperature for its
     /// group when one is set, else at the stored one (then bit-equal to `probabilities`).
     pub fn probabilities_for(&self, rows: &[f32], kind: QuestionKind) -> Vec<f32> {
+        self.readout(rows, kind).probabilities
+    }
+
+    /// The whole readout of one question of type `kind`: its options' pointer logits before any temperature,
+    /// and the probabilities [`PointerHead::probabilities_for`] answers.
+    pub fn readout(&self, rows: &[f32], kind: QuestionKind) -> Readout {
         let t = match &self.calibration {
             None => self.temperature,
             Some(c) => c.temperature(kind, rows.len() / self.hidden - 1),
         };
-        self.probabilities_at(rows, t)
+        self.readout_at(rows, t)
     }
 
     fn probabilities_at(&self, rows: &[f32], temperature: f64) -> Vec<f32> {
+        self.readout_at(rows, temperature).probabilities
+    }
+
+    fn readout_at(&self, rows: &[f32], temperature: f64) -> Readout {
         let n = rows.len() / self.hidden - 1;
         let decide = &rows[n * self.hidden..(n + 1) * self.hidden];
         let q = self.project(&self.q_w, &self.q_b, decide);
-        let z: Vec<f64> = rows[..n * self.hidden]
+        let logits: Vec<f64> = rows[..n * self.hidden]
             .chunks_exact(self.hidden)
             .map(|h| {
                 let k = self.project(&self.k_w, &self.k_b, h);
                 let s: f64 = k.iter().zip(&q).map(|(a, b)| a * b).sum();
-                s * self.scale / temperature
+                s * self.scale
             })
             .collect();
-        softmax(&z)
+        // `(s · scale) / T`, the order the probabilities were always computed in: bit-equal to before.
+        let z: Vec<f64> = logits.iter().map(|z| z / temperature).collect();
+        Readout {
+            probabilities: softmax(&z),
+            logits,
+        }
     }
+}
+
+/// One question's readout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Readout {
+    /// Per option (request order), the probability the answer reports (fp32, rounded once from f64).
+    pub probabilities: Vec<f32>,
+    /// Per option, the pointer logit `z = (k · q) / sqrt(head_dim)` in f64, before the temperature
+    /// (stored or calibrated) divides it: what a client fitting its own calibration needs.
+    pub logits: Vec<f64>,
 }
 
 /// Σ a·b in f64 with eight independent partial sums (a fixed order, so results are reproducible).

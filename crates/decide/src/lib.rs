@@ -18,5 +18,7 @@ pub mod task;
 pub use calibrate::Calibration;
 pub use head::PointerHead;
 pub use load::{LoadSpec, ModelInfo, Source, WeightForm, load_cpu, load_cpu_int8};
-pub use service::{Caps, DecideError, Decision, Job, Kev, OverCap, Refusal, Settings, Stats};
+pub use service::{
+    Caps, DecideError, Decision, Job, Kev, LOGITS_FIELD, OverCap, Refusal, Settings, Stats,
+};
 pub use task::{Grant, Need, Step, Task};

@@ -17,10 +17,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kev_contract::{ResponseBody, ValidRequest, shape_answers};
+use kev_contract::{
+    ContractError, ErrorDetail, LocItem, ResponseBody, ValidRequest, shape_answers,
+};
 use kev_engine::Backend;
 use kev_tokenize::{CompiledRequest, KevTokenizer, Limits, TokenizeError};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::cache::{PrefixCache, Snapshot};
 use crate::calibrate::Calibration;
@@ -43,6 +45,11 @@ pub struct Caps {
     /// Most input tokens: the state once plus every question's branch, as `usage.input_tokens` counts them
     /// (default 131,072).
     pub max_input_tokens: usize,
+    /// Most requests in one batch (`/v1/systemone/batch`; default 256).
+    pub max_batch_requests: usize,
+    /// Most input tokens over all the admitted requests of one batch (default 1,048,576: eight requests at
+    /// `max_input_tokens`). Each request of a batch is also held to the caps above on its own.
+    pub max_batch_input_tokens: usize,
 }
 
 impl Default for Caps {
@@ -51,6 +58,8 @@ impl Default for Caps {
             max_questions: 1024,
             max_options: 16_384,
             max_input_tokens: 131_072,
+            max_batch_requests: 256,
+            max_batch_input_tokens: 1 << 20,
         }
     }
 }
@@ -100,6 +109,7 @@ impl Default for Settings {
 pub struct Job {
     request: ValidRequest,
     compiled: CompiledRequest,
+    logits: bool,
 }
 
 impl Job {
@@ -122,6 +132,44 @@ impl Job {
     pub fn compiled(&self) -> &CompiledRequest {
         &self.compiled
     }
+
+    /// Whether its answer carries the options' pointer logits (`x_logits`, see [`LOGITS_FIELD`]).
+    pub fn wants_logits(&self) -> bool {
+        self.logits
+    }
+
+    /// Ask for (or stop asking for) the pointer logits in the answer.
+    pub fn with_logits(mut self, on: bool) -> Self {
+        self.logits = on;
+        self
+    }
+}
+
+/// The request extension that asks for the raw pointer logits: `"x_logits": true` adds a top-level
+/// `"x_logits": {question id: {probability key: z}}` to the answer, `z` the option's logit before the
+/// temperature divides it (f64, unrounded). The `answers`, `usage` and every other byte of the body are
+/// those of the same request without it; a server that does not know the field ignores it, as the contract
+/// ignores unknown fields. Anything but `true`/`false` is a 422.
+pub const LOGITS_FIELD: &str = "x_logits";
+
+/// Whether `body` asks for the logits (its [`LOGITS_FIELD`]); 422 for a value that is not a JSON boolean.
+fn asks_for_logits(body: &Value) -> Result<bool, Refusal> {
+    match body.get(LOGITS_FIELD) {
+        None | Some(Value::Bool(false)) => Ok(false),
+        Some(Value::Bool(true)) => Ok(true),
+        Some(other) => Err(Refusal::Contract(ContractError::Invalid(vec![
+            ErrorDetail {
+                kind: "bool_type".into(),
+                loc: vec![
+                    LocItem::Key("body".into()),
+                    LocItem::Key(LOGITS_FIELD.into()),
+                ],
+                msg: "Input should be a valid boolean".into(),
+                input: other.clone(),
+                ctx: None,
+            },
+        ]))),
+    }
 }
 
 /// One answered request.
@@ -129,6 +177,9 @@ impl Job {
 pub struct Decision {
     /// Unrounded fp32 probabilities per question, in request order.
     pub probabilities: Vec<Vec<f32>>,
+    /// Per question, its options' pointer logits before the temperature (f64), in request order; in the
+    /// response only when the request asked (`x_logits`).
+    pub logits: Vec<Vec<f64>>,
     /// The response: answers, usage and extensions.
     pub response: ResponseBody,
 }
@@ -264,6 +315,44 @@ impl<B: Backend> Kev<B> {
             .collect()
     }
 
+    /// Admit the independent requests of one batch: each on its own (its own caps; a refused one is its own
+    /// `Err` and never fails the others), the batch as a whole held to [`Caps::max_batch_requests`] and
+    /// [`Caps::max_batch_input_tokens`] over its admitted requests (the outer `Err`, 413: nothing runs).
+    pub fn admit_batch<T: AsRef<[u8]>>(
+        &self,
+        bodies: &[T],
+    ) -> Result<Vec<Result<Job, Refusal>>, Refusal> {
+        let caps = self.settings.caps;
+        let over = |field, bound, value| {
+            Refusal::from(OverCap {
+                field,
+                bound,
+                value,
+                parts: bodies.len(),
+            })
+        };
+        if bodies.len() > caps.max_batch_requests {
+            return Err(over("requests", caps.max_batch_requests, bodies.len()));
+        }
+        let mut tokens = 0usize;
+        let mut out = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            let admitted = self.admit(body.as_ref());
+            if let Ok(job) = &admitted {
+                tokens += job.tokens();
+                if tokens > caps.max_batch_input_tokens {
+                    return Err(over(
+                        "batch_input_tokens",
+                        caps.max_batch_input_tokens,
+                        tokens,
+                    ));
+                }
+            }
+            out.push(admitted);
+        }
+        Ok(out)
+    }
+
     fn admit_part(&self, body: &[u8], tally: &mut Tally) -> Result<Job, Refusal> {
         if let Some(n) = crate::prescan::question_count(body) {
             tally.check_questions(n)?;
@@ -278,8 +367,9 @@ impl<B: Backend> Kev<B> {
         {
             tally.check_questions(n)?;
         }
+        let logits = asks_for_logits(&value)?;
         let request = kev_contract::validate(value)?;
-        self.compile(request, tally)
+        Ok(self.compile(request, tally)?.with_logits(logits))
     }
 
     /// Refuse a body over the question cap before it is parsed in full (413): a cheap scan counts its
@@ -315,13 +405,18 @@ impl<B: Backend> Kev<B> {
                 e => Refusal::from(e),
             })?;
         tally.tokens += compiled.input_tokens();
-        Ok(Job { request, compiled })
+        Ok(Job {
+            request,
+            compiled,
+            logits: false,
+        })
     }
 
     pub(crate) fn respond_to(
         &self,
         job: &Job,
         probabilities: Vec<Vec<f32>>,
+        logits: Vec<Vec<f64>>,
     ) -> Result<Decision, DecideError> {
         let answers = shape_answers(&job.request, &probabilities)?;
         let output = self.tokenizer.output_tokens(&answers)?;
@@ -334,8 +429,27 @@ impl<B: Backend> Kev<B> {
         if let Some(t) = job.compiled.truncation() {
             body = t.apply(body);
         }
+        if job.logits {
+            let by_question: Map<String, Value> = job
+                .request
+                .questions()
+                .iter()
+                .zip(&logits)
+                .map(|(q, z)| {
+                    let by_key: Map<String, Value> = q
+                        .keys()
+                        .iter()
+                        .cloned()
+                        .zip(z.iter().map(|v| json!(v)))
+                        .collect();
+                    (q.id().to_owned(), Value::Object(by_key))
+                })
+                .collect();
+            body = body.extra(LOGITS_FIELD, Value::Object(by_question));
+        }
         Ok(Decision {
             probabilities,
+            logits,
             response: body,
         })
     }
@@ -388,6 +502,7 @@ impl<B: Backend> Kev<B> {
                 json!({
                     "id": q.id(),
                     "probabilities": p.iter().map(|v| *v as f64).collect::<Vec<_>>(),
+                    "logits": decision.logits.get(k),
                     "row_ids": job.compiled.row_ids(k).unwrap_or_default(),
                     "option_ends": b.option_ends(),
                     "decide": b.decide(),

@@ -24,6 +24,7 @@ use kev_engine::{Backend, BatchRow};
 use kev_tokenize::Branch;
 
 use crate::cache::Snapshot;
+use crate::head::Readout;
 use crate::service::{DecideError, Decision, Job, Kev};
 
 /// What a task has left to run.
@@ -46,10 +47,31 @@ enum Progress<S> {
     Branches {
         snapshot: Snapshot<S>,
         next: usize,
-        probabilities: Vec<Vec<f32>>,
+        answered: Readouts,
     },
     /// Answered or failed (its [`Step::Done`] was returned).
     Finished,
+}
+
+/// The readouts of a task's questions so far, in question order.
+#[derive(Default)]
+struct Readouts {
+    probabilities: Vec<Vec<f32>>,
+    logits: Vec<Vec<f64>>,
+}
+
+impl Readouts {
+    fn with_capacity(n: usize) -> Self {
+        Readouts {
+            probabilities: Vec::with_capacity(n),
+            logits: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, r: Readout) {
+        self.probabilities.push(r.probabilities);
+        self.logits.push(r.logits);
+    }
 }
 
 /// A request in flight: its job (owned, or borrowed as `&Job` by [`Kev::run`]) and its progress.
@@ -92,6 +114,8 @@ pub struct Grant<'a, S, J = Job> {
 }
 
 /// What a pass did for one task.
+// One `Step` per grant per pass, moved once: boxing the answer would buy nothing next to a forward pass.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Step {
     /// More passes needed.
@@ -322,7 +346,7 @@ impl<B: Backend> Kev<B> {
             }
         };
         let mut prefix_state: Vec<Option<B::State>> = (0..grants.len()).map(|_| None).collect();
-        let mut rows_out: Vec<Vec<Vec<f32>>> = (0..grants.len()).map(|_| Vec::new()).collect();
+        let mut rows_out: Vec<Vec<Readout>> = (0..grants.len()).map(|_| Vec::new()).collect();
         for ((src, state), h) in srcs.iter().zip(states).zip(hidden) {
             let g = src.grant;
             match pieces[g] {
@@ -330,7 +354,7 @@ impl<B: Backend> Kev<B> {
                 Piece::Rows { from, .. } => {
                     // Rows run in question order from `from`: the calibration is chosen per question kind.
                     let kind = grants[g].task.job().question_kind(from + rows_out[g].len());
-                    rows_out[g].push(self.head().probabilities_for(&h, kind));
+                    rows_out[g].push(self.head().readout(&h, kind));
                 }
                 Piece::Finished => {}
             }
@@ -353,7 +377,7 @@ impl<B: Backend> Kev<B> {
                         task.progress = Progress::Branches {
                             snapshot,
                             next: 0,
-                            probabilities: Vec::with_capacity(task.row_lens.len()),
+                            answered: Readouts::with_capacity(task.row_lens.len()),
                         };
                     } else {
                         task.progress = Progress::Prefix { state, done: to };
@@ -361,23 +385,25 @@ impl<B: Backend> Kev<B> {
                 }
                 Piece::Rows { to, .. } => {
                     let task = &mut *grants[i].task;
-                    let finished = if let Progress::Branches {
-                        next,
-                        probabilities,
-                        ..
-                    } = &mut task.progress
-                    {
-                        probabilities.append(&mut rows_out[i]);
-                        *next = to;
-                        to == task.row_lens.len()
-                    } else {
-                        false
-                    };
+                    let finished =
+                        if let Progress::Branches { next, answered, .. } = &mut task.progress {
+                            for r in rows_out[i].drain(..) {
+                                answered.push(r);
+                            }
+                            *next = to;
+                            to == task.row_lens.len()
+                        } else {
+                            false
+                        };
                     if finished
-                        && let Progress::Branches { probabilities, .. } =
+                        && let Progress::Branches { answered, .. } =
                             std::mem::replace(&mut task.progress, Progress::Finished)
                     {
-                        steps[i] = Step::Done(self.respond_to(task.job(), probabilities));
+                        steps[i] = Step::Done(self.respond_to(
+                            task.job(),
+                            answered.probabilities,
+                            answered.logits,
+                        ));
                     }
                 }
                 Piece::Finished => {}
@@ -392,7 +418,7 @@ impl<B: Backend> Kev<B> {
         let branches = |snapshot| Progress::Branches {
             snapshot,
             next: 0,
-            probabilities: Vec::with_capacity(questions),
+            answered: Readouts::with_capacity(questions),
         };
         if task.aligned == 0 {
             task.progress = branches(Snapshot {

@@ -126,6 +126,7 @@ impl Engine {
                 max_questions: max_questions.unwrap_or(caps.max_questions),
                 max_options: max_options.unwrap_or(caps.max_options),
                 max_input_tokens: max_input_tokens.unwrap_or(caps.max_input_tokens),
+                ..caps
             },
             pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
             cache_bytes: cache_bytes.unwrap_or_else(kev_decide::load::default_cache_bytes),

@@ -82,6 +82,7 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
     SystemOne,
+    Batch,
     Permute,
     Separate,
     Models,
@@ -93,8 +94,9 @@ pub(crate) enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in the order the document lists them.
-    pub(crate) const ALL: [Endpoint; 8] = [
+    pub(crate) const ALL: [Endpoint; 9] = [
         Endpoint::SystemOne,
+        Endpoint::Batch,
         Endpoint::Permute,
         Endpoint::Separate,
         Endpoint::Models,
@@ -111,6 +113,7 @@ impl Endpoint {
         }
         match self {
             Endpoint::SystemOne => of::<__path_systemone>(),
+            Endpoint::Batch => of::<crate::batch::__path_batch>(),
             Endpoint::Permute => of::<crate::tools::__path_permute>(),
             Endpoint::Separate => of::<crate::tools::__path_separate>(),
             Endpoint::Models => of::<__path_models>(),
@@ -125,13 +128,14 @@ impl Endpoint {
     pub(crate) fn decides(self) -> bool {
         matches!(
             self,
-            Endpoint::SystemOne | Endpoint::Permute | Endpoint::Separate
+            Endpoint::SystemOne | Endpoint::Batch | Endpoint::Permute | Endpoint::Separate
         )
     }
 
     fn handler<D: Decider>(self, filter: MethodFilter) -> MethodRouter<Arc<App<D>>> {
         match self {
             Endpoint::SystemOne => on(filter, systemone::<D>),
+            Endpoint::Batch => on(filter, crate::batch::batch::<D>),
             Endpoint::Permute => on(filter, crate::tools::permute::<D>),
             Endpoint::Separate => on(filter, crate::tools::separate::<D>),
             Endpoint::Models => on(filter, models::<D>),

@@ -18,6 +18,7 @@
 //! own declarations.
 #![deny(missing_docs)]
 
+mod batch;
 pub mod error;
 pub mod head;
 mod http;
@@ -67,6 +68,17 @@ pub trait Decider: Send + Sync + 'static {
     /// request of its own (a stand-in with no caps).
     fn admit_parts(&self, bodies: &[Vec<u8>]) -> Result<Vec<Admission<Self::Job>>, ApiError> {
         bodies.iter().map(|b| self.admit(b)).collect()
+    }
+
+    /// Admit the independent requests of one batch (`/v1/systemone/batch`): each on its own (a refused one is
+    /// its own `Err`, answered in its place), the outer `Err` for a batch over its own caps (nothing runs).
+    /// The default admits each as a request of its own (a stand-in with no batch caps).
+    #[allow(clippy::type_complexity)]
+    fn admit_batch(
+        &self,
+        bodies: &[Vec<u8>],
+    ) -> Result<Vec<Result<Admission<Self::Job>, ApiError>>, ApiError> {
+        Ok(bodies.iter().map(|b| self.admit(b)).collect())
     }
 
     /// What the job has left.

@@ -41,6 +41,40 @@ pub struct PermuteRequest {
     pub seed: i64,
 }
 
+/// `POST /v1/systemone/batch`: independent requests in one call — `requests`, or the shorthand `states` with
+/// one `questions` object for all of them (send one of the two).
+#[derive(utoipa::ToSchema)]
+pub struct BatchRequest {
+    /// Echoed in the answer; also the `model` of every entry that has none (default `kev-latest`).
+    #[schema(default = "kev-latest")]
+    pub model: Option<String>,
+    /// `/v1/systemone` requests (1 to `--max-batch-requests`, default 256).
+    pub requests: Option<Vec<Request>>,
+    /// Shorthand: one request per state, each asking `questions`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub states: Option<Vec<Value>>,
+    /// With `states`: the questions every state is asked.
+    #[schema(value_type = Option<Object>)]
+    pub questions: Option<Value>,
+    /// The `x_logits` of every entry that has none.
+    pub x_logits: Option<bool>,
+}
+
+/// `POST /v1/systemone/batch`'s answer.
+#[derive(utoipa::ToSchema)]
+pub struct BatchResponse {
+    /// The batch's `model`, echoed.
+    pub model: String,
+    /// One per entry, in input order: the body `/v1/systemone` answers for it alone, or `{status, error}` with
+    /// the status and body it alone would have been refused with.
+    #[schema(value_type = Vec<Object>)]
+    pub results: Vec<Value>,
+    /// Summed over the answered entries.
+    pub usage: Usage,
+    /// From submitting the entries to the last answer (ms).
+    pub x_latency_ms: f64,
+}
+
 /// `GET /v1/models`.
 #[derive(utoipa::ToSchema)]
 pub struct ModelList {
@@ -113,6 +147,8 @@ pub struct Ready {
         TypedBody,
         TypedError,
         ErrorType,
+        BatchRequest,
+        BatchResponse,
         PermuteRequest,
         PermuteResponse,
         PermuteRun,
@@ -393,6 +429,31 @@ pub(crate) fn request_example() -> Value {
             },
             "urgency": {"type": "score", "instructions": "How urgent is it?", "criteria": ["low", "medium", "high"]}
         }
+    })
+}
+
+pub(crate) fn batch_example() -> Value {
+    json!({
+        "model": "kev-latest",
+        "states": [
+            "Hi, I was charged twice for my March invoice. Can you refund the duplicate?",
+            "The app crashes when I open settings.",
+        ],
+        "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}},
+    })
+}
+
+pub(crate) fn batch_response_example() -> Value {
+    json!({
+        "model": "kev-latest",
+        "results": [
+            {"model": "kev-latest", "answers": {"refund": {"type": "noul", "noul": 0.9502}},
+             "usage": {"input_tokens": 41, "output_tokens": 12}, "x_latency_ms": 20.3},
+            {"model": "kev-latest", "answers": {"refund": {"type": "noul", "noul": 0.0311}},
+             "usage": {"input_tokens": 33, "output_tokens": 12}, "x_latency_ms": 18.9},
+        ],
+        "usage": {"input_tokens": 74, "output_tokens": 24},
+        "x_latency_ms": 21.0
     })
 }
 

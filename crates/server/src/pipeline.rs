@@ -9,15 +9,17 @@
 //! 3. the body, within the body-read timeout (408) and the body limit (413);
 //! 4. **an admission permit** (about one per core; none within the queue deadline → 529);
 //! 5. on a blocking worker: the content codings undone (each output held to the body limit), [`Route::split`]
-//!    (the route's own checks and its parts), [`Decider::admit_parts`] — every part validated and compiled, the
-//!    per-request work caps held for the parts together (413 naming the cap), all or nothing;
+//!    (the route's own checks and its parts), [`Route::admit`] — by default [`Decider::admit_parts`]: every
+//!    part validated and compiled, the per-request work caps held for the parts together (413 naming the cap),
+//!    all or nothing; a batch ([`Decider::admit_batch`]) admits each part on its own instead, a refused one
+//!    answered in its place;
 //! 6. the parts submitted together on the request's slot ([`crate::queue::Queue::submit`]) and their answers
 //!    awaited ([`crate::queue::Queue::answer`]): 529 if none has started at the queue deadline; a hang-up or the
 //!    request timeout (408) drops the handler and stops every part before its next pass;
 //! 7. [`Route::merge`] → 200.
 //!
-//! A new decision route (a batch of independent requests, say) is one more [`Route`]: its parts get every guard
-//! above without a line of its own.
+//! A new decision route is one more [`Route`]: its parts get every guard above without a line of its own
+//! (`/v1/systemone/batch` is one, in `batch.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +32,10 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::http::{error_response, json_response, request_id};
 use crate::queue::Answered;
-use crate::{App, Decider};
+use crate::{Admission, App, Decider};
+
+/// The admission of a route's parts: one per part, in order, each admitted or refused.
+pub(crate) type Admitted<J> = Vec<Result<Admission<J>, ApiError>>;
 
 /// What a decision route makes of a request.
 pub(crate) trait Route<D: Decider>: Clone + Send + 'static {
@@ -41,14 +46,24 @@ pub(crate) trait Route<D: Decider>: Clone + Send + 'static {
     /// answer here. Runs on a blocking worker holding an admission permit.
     fn split(&self, decider: &D, body: Vec<u8>) -> Result<(Vec<Vec<u8>>, Self::Plan), ApiError>;
 
+    /// Admit the parts. The default holds them to the per-request caps together, all or nothing (the parts of
+    /// one request); a route of independent requests admits each on its own, and a refused part is answered
+    /// in its place ([`Answers::refused`]). Runs on the same blocking worker, after [`Route::split`].
+    fn admit(&self, decider: &D, bodies: &[Vec<u8>]) -> Result<Admitted<D::Job>, ApiError> {
+        Ok(decider.admit_parts(bodies)?.into_iter().map(Ok).collect())
+    }
+
     /// The parts' answers, in order → the response body.
     fn merge(&self, decider: &D, plan: Self::Plan, answers: Answers) -> Result<Value, ApiError>;
 }
 
-/// A request's answers: one per part, in order, and the time from their submission to the last answer.
+/// A request's answers: one per admitted part, in order, the refused parts' errors, and the time from their
+/// submission to the last answer.
 pub(crate) struct Answers {
-    /// One per part.
+    /// One per admitted part, in part order (every part, unless [`Route::admit`] refused some).
     pub parts: Vec<Answered>,
+    /// The parts [`Route::admit`] refused, by part index, in order (empty for an all-or-nothing route).
+    pub refused: Vec<(usize, ApiError)>,
     /// From the parts' submission to the last answer.
     pub elapsed: Duration,
 }
@@ -172,17 +187,29 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
     let (plan, admitted) = tokio::task::spawn_blocking(move || {
         let bytes = decode_body(raw, &codings, max_body)?;
         let (bodies, plan) = splitter.split(&decider, bytes)?;
-        let admitted = decider.admit_parts(&bodies)?;
+        let admitted = splitter.admit(&decider, &bodies)?;
         Ok::<_, ApiError>((plan, admitted))
     })
     .await
     .map_err(|_| ApiError::internal())??;
     drop(permit);
-    let parts = admitted.into_iter().map(|a| (a.job, a.tokens)).collect();
+    let mut parts = Vec::with_capacity(admitted.len());
+    let mut refused = Vec::new();
+    for (i, a) in admitted.into_iter().enumerate() {
+        match a {
+            Ok(a) => parts.push((a.job, a.tokens)),
+            Err(e) => refused.push((i, e)),
+        }
+    }
     let submitted = Instant::now();
-    let ticket = app.queue.submit(slot, parts)?;
-    metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
-    let parts = app.queue.answer(ticket, rid).await?;
+    let parts = if parts.is_empty() {
+        // Every part refused (a batch of bad entries): nothing to run; the slot is released by its drop.
+        Vec::new()
+    } else {
+        let ticket = app.queue.submit(slot, parts)?;
+        metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
+        app.queue.answer(ticket, rid).await?
+    };
     let elapsed = submitted.elapsed();
     // Per request: its wait is its first part's, its engine time its longest part's.
     let queued = parts.iter().map(|p| p.queued).min().unwrap_or_default();
@@ -197,7 +224,15 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
     });
     metrics::counter!("kev_input_tokens_total").increment(input as u64);
     metrics::counter!("kev_output_tokens_total").increment(output as u64);
-    route.merge(&app.decider, plan, Answers { parts, elapsed })
+    route.merge(
+        &app.decider,
+        plan,
+        Answers {
+            parts,
+            refused,
+            elapsed,
+        },
+    )
 }
 
 /// Past the limit, read (and drop) this much more before answering 413, so a client still sending its

@@ -39,6 +39,24 @@ where
             .collect())
     }
 
+    fn admit_batch(
+        &self,
+        bodies: &[Vec<u8>],
+    ) -> Result<Vec<Result<Admission<Self::Job>, ApiError>>, ApiError> {
+        let jobs = Kev::admit_batch(self, bodies).map_err(|r| ApiError::from_wire(&r))?;
+        Ok(jobs
+            .into_iter()
+            .map(|admitted| {
+                admitted
+                    .map(|job| Admission {
+                        tokens: job.tokens(),
+                        job: self.task(job),
+                    })
+                    .map_err(|r| ApiError::from_wire(&r))
+            })
+            .collect())
+    }
+
     fn need(&self, job: &Self::Job) -> Need {
         Kev::need(self, job)
     }

@@ -32,7 +32,13 @@ use crate::{App, Decider};
 pub const MAX_PERMUTATIONS: u64 = 64;
 
 /// One FastAPI validation error under `body`.
-fn invalid(loc: &[&str], kind: &str, msg: &str, input: Value, ctx: Option<Value>) -> ErrorDetail {
+pub(crate) fn invalid(
+    loc: &[&str],
+    kind: &str,
+    msg: &str,
+    input: Value,
+    ctx: Option<Value>,
+) -> ErrorDetail {
     let mut full = vec![LocItem::Key("body".into())];
     full.extend(loc.iter().map(|l| LocItem::Key((*l).into())));
     ErrorDetail {
@@ -46,7 +52,7 @@ fn invalid(loc: &[&str], kind: &str, msg: &str, input: Value, ctx: Option<Value>
 
 /// The body as Python's `json.loads` reads it; a malformed one gets the contract's validation error (or
 /// its unreadable-body error).
-fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
     Ok(kev_contract::python_loads(bytes)?)
 }
 
@@ -56,7 +62,8 @@ fn with_one_question(request: &Map<String, Value>, id: &str, question: Value) ->
     let mut qs = Map::new();
     qs.insert(id.to_string(), question);
     one.insert("questions".into(), Value::Object(qs));
-    serde_json::to_vec(&Value::Object(one)).unwrap_or_default()
+    // `compact_json` writes kept lone surrogates back as `\uXXXX`, so the part reads exactly as the request.
+    kev_contract::compact_json(&Value::Object(one)).into_bytes()
 }
 
 /// A truncating server's marks, as one part carries them (each part read the same state).
@@ -306,7 +313,7 @@ impl<D: Decider> Route<D> for Permute {
     fn split(&self, decider: &D, bytes: Vec<u8>) -> Result<(Vec<Vec<u8>>, PermutePlan), ApiError> {
         let p = parse_permute(parse_json(&bytes)?)?;
         // The inner request as `/v1/systemone` would judge it, its errors located under `request`.
-        let inner = serde_json::to_vec(&Value::Object(p.request.clone())).unwrap_or_default();
+        let inner = kev_contract::compact_json(&Value::Object(p.request.clone())).into_bytes();
         decider.admit(&inner).map_err(|e| e.under("request"))?;
         let not_choice = || {
             ApiError::unanswerable(format!(

@@ -1,10 +1,10 @@
 //! `kev calibrate`: fit the pointer head's temperature on labelled data (the math is `kev_decide::calibrate`),
 //! print and write the report, draw the reliability diagram.
 //!
-//! The model answers every labelled request once at its stored temperature `T0`; a question's logits are read
-//! back as `z_j = T0 · ln p_j` (the softmax's constant drops out), exact to the fp32 rounding of `p`
-//! (|Δz| ≤ T0 · 6e-8). An option whose fp32 probability underflowed to 0 (a logit gap over ~103·T0) is counted
-//! and given the smallest positive fp32 instead.
+//! The model answers every labelled request once; each labelled question's pointer logits (before any
+//! temperature, f64: [`kev_decide::Decision::logits`]) are what the fit reads, so a probability that underflows
+//! fp32 costs nothing and a calibration already in force does not bias the fit. (`underflowed_options` counts
+//! options whose logits were bounds: only in `--scores` files of older runs, which read `T0 · ln p` back.)
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -254,7 +254,6 @@ fn score(args: &Args, lines: &[labelled::Line]) -> anyhow::Result<ScoredData> {
     let (kev, _info) = load(&args.model, &args.service)?;
     let t0 = kev.head().temperature();
     let mut items: Vec<Scored> = Vec::new();
-    let mut underflow = 0usize;
     for (chunk_i, chunk) in lines.chunks(args.batch.max(1)).enumerate() {
         let jobs = chunk
             .iter()
@@ -276,17 +275,8 @@ fn score(args: &Args, lines: &[labelled::Line]) -> anyhow::Result<ScoredData> {
                 format!("{}:{}: the model failed", args.data.display(), line.number)
             })?;
             for (q, label) in line.labelled() {
-                let logits = decision.probabilities[q]
-                    .iter()
-                    .map(|&p| {
-                        if p <= 0.0 {
-                            underflow += 1;
-                        }
-                        t0 * (p.max(f32::from_bits(1)) as f64).ln()
-                    })
-                    .collect();
                 items.push(Scored {
-                    logits,
+                    logits: decision.logits[q].clone(),
                     label,
                     kind: line.request.questions()[q].kind(),
                     line: chunk_i * args.batch.max(1) + k,
@@ -297,7 +287,7 @@ fn score(args: &Args, lines: &[labelled::Line]) -> anyhow::Result<ScoredData> {
 
     Ok(ScoredData {
         items,
-        underflow,
+        underflow: 0,
         t0,
         model: kev.card()["description"].clone(),
     })

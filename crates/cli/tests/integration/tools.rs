@@ -652,3 +652,199 @@ fn help_lists_the_new_commands_and_flags() {
         "{text}"
     );
 }
+
+/// Every invalid fixture request that is JSON (so that it can sit inside a batch body).
+fn invalid_json_requests() -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join("requests/invalid"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| {
+            (
+                p.file_stem().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .filter(|(_, b)| serde_json::from_slice::<Value>(b).is_ok())
+        .collect();
+    out.sort();
+    out
+}
+
+/// A batch body of the raw request bodies (spliced byte for byte: NaN literals and lone surrogates included).
+fn batch_of(bodies: &[&[u8]], extra: &str) -> Vec<u8> {
+    let mut b = format!("{{{extra}\"requests\":[").into_bytes();
+    for (i, body) in bodies.iter().enumerate() {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.extend_from_slice(body);
+    }
+    b.extend_from_slice(b"]}");
+    b
+}
+
+/// An answer without its engine time (the one field that differs from run to run).
+fn timeless(mut v: Value) -> String {
+    if let Some(m) = v.as_object_mut() {
+        m.remove("x_latency_ms");
+    }
+    v.to_string()
+}
+
+/// `/v1/systemone/batch` on the real engine: every fixture request (and every invalid one) answered inside
+/// batches of 1, 7 and 64 entries, shuffled and mixed, byte for byte as `/v1/systemone` answers it alone —
+/// refusals included, as `{status, error}` in their place; the shorthand (`states` + `questions`) equals the
+/// long form; the batch's `model` and `x_logits` reach entries without their own.
+#[test]
+fn a_batch_answers_every_entry_as_it_is_answered_alone() {
+    let s = Served::start(&[]);
+    let mut all: Vec<(String, Vec<u8>, String)> = Vec::new();
+    for (name, body) in valid_requests().into_iter().chain(invalid_json_requests()) {
+        let (status, v) = s.post("/v1/systemone", &body);
+        let expected = if status == 200 {
+            timeless(v)
+        } else {
+            json!({"status": status, "error": v}).to_string()
+        };
+        all.push((name, body, expected));
+    }
+    let refused = all
+        .iter()
+        .filter(|(_, _, e)| e.starts_with("{\"status\""))
+        .count();
+    assert!(
+        refused >= 10 && all.len() - refused >= 40,
+        "{refused} of {}",
+        all.len()
+    );
+
+    let mut rng = Rng(7);
+    for size in [1usize, 7, 64] {
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, (rng.unit() * (i + 1) as f64) as usize % (i + 1));
+        }
+        // Every request in at least one batch of this size (the last one topped up from the front).
+        for chunk in order.chunks(size) {
+            let mut picked = chunk.to_vec();
+            let mut k = 0;
+            while picked.len() < size.min(all.len()) {
+                picked.push(order[k]);
+                k += 1;
+            }
+            let bodies: Vec<&[u8]> = picked.iter().map(|&i| all[i].1.as_slice()).collect();
+            let (status, v) = s.post("/v1/systemone/batch", &batch_of(&bodies, ""));
+            assert_eq!(status, 200, "batch of {size}: {v}");
+            let results = v["results"].as_array().unwrap();
+            assert_eq!(results.len(), picked.len());
+            let (mut input, mut output) = (0, 0);
+            for (r, &i) in results.iter().zip(&picked) {
+                let (name, _, expected) = &all[i];
+                let got = if r.get("status").is_some() {
+                    r.to_string()
+                } else {
+                    input += r["usage"]["input_tokens"].as_u64().unwrap();
+                    output += r["usage"]["output_tokens"].as_u64().unwrap();
+                    timeless(r.clone())
+                };
+                assert_eq!(&got, expected, "{name} in a batch of {size}");
+            }
+            assert_eq!(
+                v["usage"],
+                json!({"input_tokens": input, "output_tokens": output})
+            );
+            assert_eq!(v["model"], "kev-latest");
+        }
+    }
+
+    // The shorthand is the long form; the batch's model and x_logits reach every entry.
+    let questions = json!({"refund": {"type": "noul", "instructions": "A refund?"},
+                           "team": {"type": "choice", "criteria": {"Billing": null, "Tech": "bugs"}}});
+    let states = [
+        json!("I was charged twice."),
+        json!({"ticket": 7, "text": "The app crashes."}),
+    ];
+    let short = json!({"model": "m1", "x_logits": true, "states": states, "questions": questions});
+    let long: Vec<Value> = states
+        .iter()
+        .map(|st| json!({"model": "m1", "x_logits": true, "state": st, "questions": questions}))
+        .collect();
+    let (s1, v1) = s.post("/v1/systemone/batch", &serde_json::to_vec(&short).unwrap());
+    let (s2, v2) = s.post(
+        "/v1/systemone/batch",
+        &serde_json::to_vec(&json!({"requests": long})).unwrap(),
+    );
+    assert_eq!((s1, s2), (200, 200), "{v1} {v2}");
+    assert_eq!(v1["model"], "m1");
+    for (a, b) in v1["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(v2["results"].as_array().unwrap())
+    {
+        assert_eq!(timeless(a.clone()), timeless(b.clone()));
+        assert_eq!(a["model"], "m1");
+        assert!(a["x_logits"]["team"]["Tech"].is_f64(), "{a}");
+    }
+}
+
+/// A batch over its own caps is 413 naming the bound, with nothing run; a body that is not a batch is 422.
+#[test]
+fn a_batch_is_held_to_its_caps_and_its_shape() {
+    let s = Served::start(&[
+        "--max-batch-requests",
+        "4",
+        "--max-batch-input-tokens",
+        "400",
+    ]);
+    let one: &[u8] =
+        br#"{"state":"A short ticket about a refund.","questions":{"q":{"type":"noul"}}}"#;
+    let before = rows_run(&s);
+    let (status, v) = s.post("/v1/systemone/batch", &batch_of(&[one; 5], ""));
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["detail"]["field"], "requests", "{v}");
+    assert_eq!(v["detail"]["limit"], 4, "{v}");
+    assert_eq!(v["detail"]["value"], 5, "{v}");
+    // Each entry alone is well under --max-input-tokens; four of these states together are over 400.
+    let long = serde_json::to_vec(
+        &json!({"state": "word ".repeat(120), "questions": {"q": {"type": "noul"}}}),
+    )
+    .unwrap();
+    let (status, v) = s.post("/v1/systemone/batch", &batch_of(&[long.as_slice(); 4], ""));
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(v["detail"]["field"], "batch_input_tokens", "{v}");
+    assert_eq!(v["detail"]["limit"], 400, "{v}");
+    assert_eq!(rows_run(&s), before, "a refused batch ran rows");
+    // At the entry cap: answered.
+    let (status, v) = s.post("/v1/systemone/batch", &batch_of(&[one; 4], ""));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["results"].as_array().unwrap().len(), 4);
+
+    for (body, field, kind) in [
+        (json!({"requests": []}), "requests", "too_short"),
+        (json!({"requests": {"state": "x"}}), "requests", "list_type"),
+        (json!({"states": ["x"]}), "questions", "missing"),
+        (
+            json!({"state": "x", "questions": {}}),
+            "requests",
+            "missing",
+        ),
+        (
+            json!({"model": 3, "requests": [{}]}),
+            "model",
+            "string_type",
+        ),
+    ] {
+        let (status, v) = s.post("/v1/systemone/batch", &serde_json::to_vec(&body).unwrap());
+        assert_eq!(status, 422, "{body}: {v}");
+        assert_eq!(v["detail"][0]["type"], kind, "{body}: {v}");
+        assert_eq!(v["detail"][0]["loc"], json!(["body", field]), "{body}: {v}");
+    }
+    let (status, v) = s.post(
+        "/v1/systemone/batch",
+        br#"{"requests":[{"state":"x","questions":{"q":{"type":"noul"}}}],"states":["y"]}"#,
+    );
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["detail"][0]["type"], "value_error", "{v}");
+}

@@ -338,6 +338,7 @@ fn a_fan_out_is_held_to_the_caps_summed_over_its_parts_all_or_nothing() {
         max_questions: 6,
         max_options: 18,
         max_input_tokens: total,
+        ..kev_decide::Caps::default()
     };
     // At every cap exactly: admitted, each part as it is alone.
     let at = with(caps);

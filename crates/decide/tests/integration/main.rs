@@ -2,6 +2,7 @@
 //! of many keeps the test build and CI short).
 
 mod adversity;
+mod extensions;
 mod int8_dev;
 mod mini;
 mod parity;

@@ -272,8 +272,16 @@ fn merged_fp32_matches_the_reference_merged_arm() {
         g.checked
     );
     assert!(g.max <= 0.02, "merged+fp32: max |Δp| {:.4} > 0.02", g.max);
-    assert!(g.mean <= 0.002, "merged+fp32: mean |Δp| {:.5} > 0.002", g.mean);
-    assert!(g.flips.is_empty(), "merged+fp32: argmax flips: {:?}", g.flips);
+    assert!(
+        g.mean <= 0.002,
+        "merged+fp32: mean |Δp| {:.5} > 0.002",
+        g.mean
+    );
+    assert!(
+        g.flips.is_empty(),
+        "merged+fp32: argmax flips: {:?}",
+        g.flips
+    );
     let mut max = 0f64;
     for (c, per_q) in cases().iter().zip(&got) {
         for (r, p) in arm_of(c, "merged_bf16").iter().zip(per_q) {

@@ -1,4 +1,4 @@
-//! The server's adversity tests against each decision route (`/v1/systemone`, `/permute`, `/separate`: one
+//! The server's adversity tests against each decision route (`/v1/systemone`, `/batch`, `/permute`, `/separate`: one
 //! admission pipeline): a slow body gets 408; with the queue full each answers 429 before its body is read; a
 //! multipart body gets 415; a hang-up or a timeout stops every part of a fan-out at its next pass (each part
 //! counted in `kev_engine_cancelled_total`); a fan-out takes one queue slot. (Beside `adversity.rs`, not in it:
@@ -33,9 +33,10 @@ fn metric(r: &Running, name: &str) -> f64 {
 
 /// Every route that answers decisions, and a body for it asking for one question of `tokens` tokens per part
 /// (`parts` parts where the route fans out: `/permute` runs each option order as a part, `/separate` each
-/// question).
-const DECISION_ROUTES: [&str; 3] = [
+/// question, `/batch` each request).
+const DECISION_ROUTES: [&str; 4] = [
     "/v1/systemone",
+    "/v1/systemone/batch",
     "/v1/systemone/permute",
     "/v1/systemone/separate",
 ];
@@ -52,6 +53,11 @@ fn route_body(route: &str, tokens: usize, parts: usize) -> Vec<u8> {
             let mut one = request.clone();
             one["questions"] = json!({"q0": question});
             json!({"request": one, "question": "q0", "n_perm": parts})
+        }
+        "/v1/systemone/batch" => {
+            let mut one = request.clone();
+            one["questions"] = json!({"q0": question});
+            json!({"requests": vec![one; parts.max(1)]})
         }
         _ => request,
     }
@@ -139,7 +145,10 @@ fn a_full_queue_answers_429_on_every_decision_route_before_the_body_is_read() {
         assert_eq!(v["detail"]["error_type"], "rate_limit_error", "{route}");
         assert!(t.elapsed() < Duration::from_secs(5), "{route}");
     }
-    assert_eq!(metric(&r, "kev_queue_rejected_total"), 3.0);
+    assert_eq!(
+        metric(&r, "kev_queue_rejected_total"),
+        DECISION_ROUTES.len() as f64
+    );
     drop(held);
 }
 
@@ -218,6 +227,8 @@ fn a_hang_up_or_a_timeout_stops_every_part_of_a_fan_out_at_its_next_pass() {
     fan_out_stops("/v1/systemone/separate", 5, true);
     fan_out_stops("/v1/systemone/permute", 6, false);
     fan_out_stops("/v1/systemone/separate", 7, false);
+    fan_out_stops("/v1/systemone/batch", 8, true);
+    fan_out_stops("/v1/systemone/batch", 9, false);
 }
 
 #[test]

@@ -93,6 +93,7 @@ pub fn response(v: Value) -> ResponseBody {
 pub fn done(v: Value) -> Step {
     Step::Done(Ok(kev_decide::Decision {
         probabilities: Vec::new(),
+        logits: Vec::new(),
         response: response(v),
     }))
 }
