@@ -22,6 +22,9 @@ pub struct ServiceArgs {
     /// at most 4 GiB).
     #[arg(long, env = "KEV_CACHE_BYTES")]
     pub cache_bytes: Option<usize>,
+    /// Byte budget of pinned states (`POST /v1/systemone/states`), beside the cache's; 0 turns pinning off.
+    #[arg(long, env = "KEV_PIN_BYTES", default_value_t = Settings::default().pin_bytes)]
+    pub pin_bytes: usize,
     /// Read only the first 65,536 tokens of an over-long state instead of refusing it (responses then
     /// carry `x_truncated`).
     #[arg(long, env = "KEV_TRUNCATE_STATES")]
@@ -81,6 +84,7 @@ impl ServiceArgs {
             },
             pass_tokens: self.pass_tokens.max(1),
             cache_bytes: self.cache_bytes.unwrap_or_else(default_cache_bytes),
+            pin_bytes: self.pin_bytes,
             chunk_aligned: !self.unaligned_state,
             rows_from_zero: self.rows_from_zero,
             date_facts: self.date_facts,

@@ -88,6 +88,8 @@ pub enum ErrorKind {
     OverLimit,
     /// The admission queue is full.
     QueueFull,
+    /// A named API key is over one of its own limits (requests per second, tokens per minute, in flight).
+    KeyLimit,
     /// A failure of ours (engine, device, tokenizer, a lost worker).
     Internal,
     /// The model is loading or warming up.
@@ -102,7 +104,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in table order.
-    pub const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 22] = [
         ErrorKind::Unparseable,
         ErrorKind::BadBody,
         ErrorKind::AuthInvalid,
@@ -119,6 +121,7 @@ impl ErrorKind {
         ErrorKind::Validation,
         ErrorKind::OverLimit,
         ErrorKind::QueueFull,
+        ErrorKind::KeyLimit,
         ErrorKind::Internal,
         ErrorKind::NotReady,
         ErrorKind::Unavailable,
@@ -141,7 +144,7 @@ impl ErrorKind {
             ErrorKind::UnsupportedMedia => (415, InvalidRequestError),
             ErrorKind::HeadTooLarge => (431, InvalidRequestError),
             ErrorKind::Validation | ErrorKind::OverLimit => (422, InvalidRequestError),
-            ErrorKind::QueueFull => (429, RateLimitError),
+            ErrorKind::QueueFull | ErrorKind::KeyLimit => (429, RateLimitError),
             ErrorKind::Internal => (500, ApiError),
             ErrorKind::NotReady => (503, NotReadyError),
             ErrorKind::Unavailable => (503, UnavailableError),

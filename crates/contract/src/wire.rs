@@ -30,6 +30,10 @@ pub struct Request {
     /// response; nothing else in it changes. Other servers ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x_logits: Option<bool>,
+    /// kev extension: the id of a state pinned with `POST /v1/systemone/states` (by the same API key): it is
+    /// the request's `state` (a `state` sent beside it must be the same), and only the questions run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x_state_id: Option<String>,
 }
 
 /// A question about the state (other fields are ignored, as Kev 1.0 ignores them).

@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod error;
 pub mod head;
 pub mod load;
+pub mod pinned;
 pub mod prescan;
 pub mod rows;
 mod run;

@@ -29,6 +29,7 @@ use crate::calibrate::Calibration;
 pub use crate::error::{DecideError, OverCap, Refusal};
 use crate::head::PointerHead;
 use crate::load::ModelInfo;
+use crate::pinned::PinnedStates;
 
 /// Per-request work caps: a request over one is refused with 413 before the engine sees it.
 ///
@@ -76,6 +77,8 @@ pub struct Settings {
     pub pass_tokens: usize,
     /// Byte budget of the prepared-state cache (0 disables it).
     pub cache_bytes: usize,
+    /// Byte budget of the pinned states ([`crate::pinned`]; 0 disables pinning), beside the cache's.
+    pub pin_bytes: usize,
     /// Snapshot at a multiple of the GDN chunk (exact sharing, see the module docs). Off: snapshot at
     /// the end of the state (fewer tokens, equal to a from-zero row only to fp32 rounding).
     pub chunk_aligned: bool,
@@ -97,6 +100,7 @@ impl Default for Settings {
             caps: Caps::default(),
             pass_tokens: 4096,
             cache_bytes: 2 << 30,
+            pin_bytes: 1 << 30,
             chunk_aligned: true,
             rows_from_zero: false,
             date_facts: false,
@@ -110,6 +114,7 @@ pub struct Job {
     request: ValidRequest,
     compiled: CompiledRequest,
     logits: bool,
+    pin: Option<String>,
 }
 
 impl Job {
@@ -200,6 +205,8 @@ pub struct Stats {
     pub passes: u64,
     /// Prepared-state cache counters.
     pub cache: crate::cache::CacheStats,
+    /// Pinned states.
+    pub pins: crate::pinned::PinStats,
 }
 
 /// The decision service over one loaded model.
@@ -209,6 +216,7 @@ pub struct Kev<B: Backend> {
     tokenizer: KevTokenizer,
     settings: Settings,
     cache: PrefixCache<B::State>,
+    pinned: PinnedStates<B::State>,
     model_id: u64,
     info: Option<ModelInfo>,
     rows: AtomicU64,
@@ -226,6 +234,7 @@ impl<B: Backend> Kev<B> {
         model_id: u64,
     ) -> Self {
         let cache = PrefixCache::new(settings.cache_bytes);
+        let pinned = PinnedStates::new(settings.pin_bytes);
         head.set_calibration(settings.calibration.clone());
         Kev {
             backend,
@@ -233,6 +242,7 @@ impl<B: Backend> Kev<B> {
             tokenizer,
             settings,
             cache,
+            pinned,
             model_id,
             info: None,
             rows: AtomicU64::new(0),
@@ -286,6 +296,7 @@ impl<B: Backend> Kev<B> {
             rows: self.rows.load(Ordering::Relaxed),
             passes: self.passes.load(Ordering::Relaxed),
             cache: self.cache.stats(),
+            pins: self.pinned.stats(),
         }
     }
 
@@ -409,6 +420,7 @@ impl<B: Backend> Kev<B> {
             request,
             compiled,
             logits: false,
+            pin: None,
         })
     }
 
@@ -468,6 +480,9 @@ impl<B: Backend> Kev<B> {
 
     /// The cached snapshot of exactly these state ids, if any (and caching is on).
     pub(crate) fn cached(&self, ids: &[u32]) -> Option<Snapshot<B::State>> {
+        if let Some(s) = self.pinned.snapshot(ids) {
+            return Some(s);
+        }
         if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
             self.cache.get(self.model_id, ids)
         } else {
@@ -481,6 +496,63 @@ impl<B: Backend> Kev<B> {
             let bytes = self.backend.state_bytes(&snapshot.state);
             self.cache.put(self.model_id, ids, snapshot.clone(), bytes);
         }
+    }
+
+    /// Pin the snapshot a pin request's task has reached (`Kev::admit_pin`).
+    pub(crate) fn pin_if_asked(&self, job: &Job, snapshot: &Snapshot<B::State>) {
+        if let Some(id) = &job.pin
+            && self.pinned.wants(id)
+        {
+            let bytes = self.backend.state_bytes(&snapshot.state);
+            self.pinned.fill(id, snapshot, bytes);
+        }
+    }
+
+    /// The pinned states.
+    pub fn pinned(&self) -> &PinnedStates<B::State> {
+        &self.pinned
+    }
+
+    /// Admit a state to pin under `id` for `owner` (`POST /v1/systemone/states`): `body` is `{model?, state}`;
+    /// the state is admitted as a request of one yes/no question (its answer is not used) whose task keeps
+    /// its prefix snapshot under `id` for `ttl` once it is made. Refused as that request would be (422 for a
+    /// bad state, 413 over the caps); 422 for a body without a state.
+    pub fn admit_pin(
+        &self,
+        body: &[u8],
+        id: &str,
+        owner: Option<&str>,
+        ttl: std::time::Duration,
+    ) -> Result<Job, Refusal> {
+        let value = kev_contract::parse_body(body)?;
+        let Some(state) = value.get("state").cloned() else {
+            return Err(Refusal::Contract(ContractError::Invalid(vec![
+                ErrorDetail {
+                    kind: "missing".into(),
+                    loc: vec![LocItem::Key("body".into()), LocItem::Key("state".into())],
+                    msg: "Field required".into(),
+                    input: value.clone(),
+                    ctx: None,
+                },
+            ])));
+        };
+        let mut request = serde_json::Map::new();
+        if let Some(m) = value.get("model") {
+            request.insert("model".into(), m.clone());
+        }
+        request.insert("state".into(), state.clone());
+        request.insert("questions".into(), json!({"pinned": {"type": "noul"}}));
+        let request = kev_contract::validate(Value::Object(request))?;
+        let mut job = self.admit_request(request)?;
+        self.pinned.reserve(
+            id.to_owned(),
+            owner.map(str::to_owned),
+            state,
+            job.compiled.state_ids().to_vec(),
+            ttl,
+        );
+        job.pin = Some(id.to_owned());
+        Ok(job)
     }
 
     pub(crate) fn count_pass(&self, rows: usize) {

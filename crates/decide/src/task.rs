@@ -374,6 +374,7 @@ impl<B: Backend> Kev<B> {
                         if twin[i].is_none() {
                             self.remember(task.job().compiled().state_ids(), &snapshot);
                         }
+                        self.pin_if_asked(task.job(), &snapshot);
                         task.progress = Progress::Branches {
                             snapshot,
                             next: 0,
@@ -421,14 +422,19 @@ impl<B: Backend> Kev<B> {
             answered: Readouts::with_capacity(questions),
         };
         if task.aligned == 0 {
-            task.progress = branches(Snapshot {
+            let snapshot = Snapshot {
                 state: self.backend().new_state(),
                 aligned: 0,
-            });
+            };
+            self.pin_if_asked(task.job(), &snapshot);
+            task.progress = branches(snapshot);
             return;
         }
         task.progress = match self.cached(task.job().compiled().state_ids()) {
-            Some(snapshot) => branches(snapshot),
+            Some(snapshot) => {
+                self.pin_if_asked(task.job(), &snapshot);
+                branches(snapshot)
+            }
             None => Progress::Prefix {
                 state: self.backend().new_state(),
                 done: 0,

@@ -17,9 +17,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
 use kev_contract::ContractError;
 use serde_json::{Map, Value, json};
@@ -42,10 +40,9 @@ const DEFAULT_MODEL: &str = "kev-latest";
 )]
 pub(crate) async fn batch<D: Decider>(
     State(app): State<Arc<App<D>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
-    handle(app, Batch, headers, body).await
+    handle(app, Batch, request).await
 }
 
 /// `/v1/systemone/batch`: one part per entry, each admitted on its own.

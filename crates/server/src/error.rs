@@ -80,6 +80,17 @@ impl ApiError {
         )
     }
 
+    /// A named key is over one of its own limits (`limit` says which, in words).
+    pub fn key_limited(name: &str, limit: &str, retry_after: u64) -> Self {
+        Self::typed(
+            ErrorKind::KeyLimit,
+            format!(
+                "API key {name:?} is over its limit of {limit}; retry after {retry_after} s (other keys are not affected)"
+            ),
+        )
+        .with_retry_after(retry_after)
+    }
+
     /// The admission queue is full.
     pub fn queue_full(depth: usize, retry_after: u64) -> Self {
         Self::typed(

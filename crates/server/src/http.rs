@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -19,7 +18,6 @@ use tower_http::request_id::{
 };
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
-use tower_http::validate_request::{ValidateRequest, ValidateRequestHeaderLayer};
 use utoipa::openapi::path::{HttpMethod, Operation};
 
 use crate::error::{ApiError, http_status};
@@ -45,10 +43,8 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
             open = open.route(&path, e.handler::<D>(filter));
         }
     }
-    if let Some(key) = app.config.api_key.clone().filter(|k| !k.is_empty()) {
-        v1 = v1.layer(ValidateRequestHeaderLayer::custom(BearerKey {
-            key: Arc::from(key.into_bytes()),
-        }));
+    if let Some(keys) = app.keys.clone() {
+        v1 = v1.layer(middleware::from_fn_with_state(keys, bearer_key));
     }
     let timeout = app.config.request_timeout;
     Router::new()
@@ -83,6 +79,9 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
 pub(crate) enum Endpoint {
     SystemOne,
     Batch,
+    Pin,
+    PinGet,
+    PinDelete,
     Permute,
     Separate,
     Models,
@@ -94,9 +93,12 @@ pub(crate) enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in the order the document lists them.
-    pub(crate) const ALL: [Endpoint; 9] = [
+    pub(crate) const ALL: [Endpoint; 12] = [
         Endpoint::SystemOne,
         Endpoint::Batch,
+        Endpoint::Pin,
+        Endpoint::PinGet,
+        Endpoint::PinDelete,
         Endpoint::Permute,
         Endpoint::Separate,
         Endpoint::Models,
@@ -114,6 +116,9 @@ impl Endpoint {
         match self {
             Endpoint::SystemOne => of::<__path_systemone>(),
             Endpoint::Batch => of::<crate::batch::__path_batch>(),
+            Endpoint::Pin => of::<crate::states::__path_pin>(),
+            Endpoint::PinGet => of::<crate::states::__path_pin_get>(),
+            Endpoint::PinDelete => of::<crate::states::__path_pin_delete>(),
             Endpoint::Permute => of::<crate::tools::__path_permute>(),
             Endpoint::Separate => of::<crate::tools::__path_separate>(),
             Endpoint::Models => of::<__path_models>(),
@@ -128,7 +133,11 @@ impl Endpoint {
     pub(crate) fn decides(self) -> bool {
         matches!(
             self,
-            Endpoint::SystemOne | Endpoint::Batch | Endpoint::Permute | Endpoint::Separate
+            Endpoint::SystemOne
+                | Endpoint::Batch
+                | Endpoint::Pin
+                | Endpoint::Permute
+                | Endpoint::Separate
         )
     }
 
@@ -136,6 +145,9 @@ impl Endpoint {
         match self {
             Endpoint::SystemOne => on(filter, systemone::<D>),
             Endpoint::Batch => on(filter, crate::batch::batch::<D>),
+            Endpoint::Pin => on(filter, crate::states::pin::<D>),
+            Endpoint::PinGet => on(filter, crate::states::pin_get::<D>),
+            Endpoint::PinDelete => on(filter, crate::states::pin_delete::<D>),
             Endpoint::Permute => on(filter, crate::tools::permute::<D>),
             Endpoint::Separate => on(filter, crate::tools::separate::<D>),
             Endpoint::Models => on(filter, models::<D>),
@@ -170,10 +182,9 @@ fn method_filter(m: &HttpMethod) -> MethodFilter {
 )]
 async fn systemone<D: Decider>(
     State(app): State<Arc<App<D>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
-    crate::pipeline::handle(app, crate::pipeline::SystemOne, headers, body).await
+    crate::pipeline::handle(app, crate::pipeline::SystemOne, request).await
 }
 
 /// `uuid4().hex`, as Kev's server makes request ids (32 lowercase hex digits).
@@ -187,33 +198,54 @@ impl MakeRequestId for HexRequestId {
     }
 }
 
-/// `Authorization: Bearer <key>`, compared in constant time. Missing → 403, wrong → 401.
-#[derive(Clone)]
-struct BearerKey {
-    key: Arc<[u8]>,
-}
-
-impl<B> ValidateRequest<B> for BearerKey {
-    type ResponseBody = Body;
-
-    fn validate(&mut self, request: &mut axum::http::Request<B>) -> Result<(), Response> {
-        use subtle::ConstantTimeEq;
-        if request.method() == axum::http::Method::OPTIONS {
-            return Ok(()); // CORS preflight carries no credentials
-        }
-        let Some(value) = request.headers().get(header::AUTHORIZATION) else {
-            return Err(ApiError::auth_missing().into_response());
-        };
-        let Some(given) = bearer_credentials(value.as_bytes()) else {
-            return Err(ApiError::auth_missing().into_response());
-        };
-        if bool::from(given.ct_eq(&self.key)) {
-            Ok(())
-        } else {
-            Err(ApiError::auth_invalid().into_response())
-        }
+/// `Authorization: Bearer <key>` for `/v1/*`: missing → 403, no such key → 401 (compared with every key in
+/// constant time, `Keys::find`), over the key's own limits → its 429 (`Key::admit`), all before the body is
+/// read. A request let in carries its key (`KeyPass`, for the pipeline to charge its tokens to) and holds
+/// its in-flight count until it is answered; its access-log line and `kev_key_requests_total` name the key.
+async fn bearer_key(
+    State(keys): State<Arc<crate::keys::Keys>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if req.method() == axum::http::Method::OPTIONS {
+        return next.run(req).await; // CORS preflight carries no credentials
     }
+    let rid = request_id(req.headers());
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| bearer_credentials(v.as_bytes()));
+    let Some(given) = given else {
+        return error_response(ApiError::auth_missing(), &rid);
+    };
+    let Some(key) = keys.find(given) else {
+        return error_response(ApiError::auth_invalid(), &rid);
+    };
+    let name = key.name().to_owned();
+    let pass = match key.admit() {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            metrics::counter!("kev_key_requests_total", "key" => name, "status" => "429")
+                .increment(1);
+            return error_response(e, &rid);
+        }
+    };
+    req.extensions_mut().insert(KeyPass(Arc::clone(&pass)));
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    metrics::counter!("kev_key_requests_total", "key" => name.clone(), "status" => status.to_string())
+        .increment(1);
+    tracing::info!(target: "kev_server::access", key = %name, %method, path = %path, status,
+        ms = started.elapsed().as_secs_f64() * 1000.0, request_id = %rid, "request");
+    drop(pass);
+    resp
 }
+
+/// The key a request was let in under (a request extension), for the pipeline to charge its tokens to.
+#[derive(Clone)]
+pub(crate) struct KeyPass(pub Arc<crate::keys::Pass>);
 
 /// The credentials of `Authorization: Bearer <token>`: the scheme is case-insensitive (RFC 9110 §11.1),
 /// followed by one or more spaces; `None` for another scheme.
@@ -345,6 +377,9 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     metrics::counter!("kev_prepared_state_cache_hits_total").absolute(s.cache.hits);
     metrics::counter!("kev_prepared_state_cache_misses_total").absolute(s.cache.misses);
     metrics::gauge!("kev_prepared_state_cache_bytes").set(s.cache.bytes as f64);
+    metrics::gauge!("kev_pinned_states").set(s.pins.entries as f64);
+    metrics::gauge!("kev_pinned_state_bytes").set(s.pins.bytes as f64);
+    metrics::gauge!("kev_pinned_state_budget_bytes").set(s.pins.budget as f64);
     let q = app.queue.stats();
     use std::sync::atomic::Ordering::Relaxed;
     metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed));

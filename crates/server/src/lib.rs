@@ -22,6 +22,7 @@ mod batch;
 pub mod error;
 pub mod head;
 mod http;
+pub mod keys;
 mod metrics_setup;
 pub mod openapi;
 mod pipeline;
@@ -29,6 +30,7 @@ pub mod pyrandom;
 pub mod queue;
 pub mod sched;
 pub mod served;
+mod states;
 mod tools;
 
 use std::net::SocketAddr;
@@ -81,6 +83,39 @@ pub trait Decider: Send + Sync + 'static {
         Ok(bodies.iter().map(|b| self.admit(b)).collect())
     }
 
+    /// Admit a state to pin under `id` for `owner` (`POST /v1/systemone/states`; body `{model?, state}`),
+    /// kept for `ttl` once its prefix has run. The default: pinning is not offered (404).
+    fn admit_pin(
+        &self,
+        _body: &[u8],
+        _id: &str,
+        _owner: Option<&str>,
+        _ttl: std::time::Duration,
+    ) -> Result<Admission<Self::Job>, ApiError> {
+        Err(ApiError::not_found())
+    }
+
+    /// Pin `id` as `owner` sees it: `{id, tokens, bytes, expires_at, ready}`; `None` if there is none (or it is
+    /// another owner's).
+    fn pin_info(&self, _id: &str, _owner: Option<&str>) -> Option<Value> {
+        None
+    }
+
+    /// Why pin `id` was dropped when its prefix ran (the budget), if it was; asked once.
+    fn pin_refusal(&self, _id: &str) -> Option<ApiError> {
+        None
+    }
+
+    /// The state of pin `id` for `owner`, to put in a request that names it (`x_state_id`).
+    fn pinned_state(&self, _id: &str, _owner: Option<&str>) -> Option<Value> {
+        None
+    }
+
+    /// Unpin `id` (its owner only); whether it was there.
+    fn unpin(&self, _id: &str, _owner: Option<&str>) -> bool {
+        false
+    }
+
     /// What the job has left.
     fn need(&self, job: &Self::Job) -> Need;
 
@@ -119,8 +154,10 @@ pub trait Decider: Send + Sync + 'static {
 pub struct ServerConfig {
     /// Address to listen on.
     pub addr: SocketAddr,
-    /// Bearer key for `/v1/*`; `None` leaves the API open.
+    /// The unnamed bearer key for `/v1/*` (`KEV_API_KEY`); with neither it nor `api_keys` the API is open.
     pub api_key: Option<String>,
+    /// Named keys with their own limits (`--api-keys FILE`, [`keys::Keys`]), beside the unnamed one.
+    pub api_keys: Option<Arc<keys::Keys>>,
     /// Jobs allowed to wait for the engine.
     pub queue_depth: usize,
     /// Longest a job may wait in the queue before it is answered 529.
@@ -156,6 +193,7 @@ impl Default for ServerConfig {
         ServerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8009)),
             api_key: None,
+            api_keys: None,
             queue_depth: 64,
             queue_deadline: Duration::from_secs(60),
             pass_tokens: 8192,
@@ -176,6 +214,7 @@ impl Default for ServerConfig {
 /// Shared state of a running server.
 pub struct App<D: Decider> {
     decider: Arc<D>,
+    keys: Option<Arc<keys::Keys>>,
     queue: queue::Queue<D::Job>,
     permits: tokio::sync::Semaphore,
     config: ServerConfig,
@@ -196,13 +235,26 @@ impl<D: Decider> App<D> {
                     pass_tokens: config.pass_tokens.max(1),
                     starve_passes: config.starve_passes.max(1),
                     long_in_flight: config.long_in_flight.max(1),
-                    solo_piece: config.solo_piece,
+                    // A solo piece never outlasts half the queue deadline: short requests that arrive
+                    // during one still start before theirs.
+                    solo_piece: config.solo_piece.min(config.queue_deadline / 2),
                 },
             },
         );
         let permits = tokio::sync::Semaphore::new(config.admit_permits.max(1));
+        let unnamed = config.api_key.clone().filter(|k| !k.is_empty());
+        let keys = match (config.api_keys.clone(), unnamed) {
+            (Some(keys), None) => Some(keys),
+            (Some(keys), Some(secret)) => {
+                keys.add_unnamed(&secret);
+                Some(keys)
+            }
+            (None, Some(secret)) => Some(Arc::new(keys::Keys::single(&secret))),
+            (None, None) => None,
+        };
         Arc::new(App {
             decider,
+            keys,
             queue,
             permits,
             config,
@@ -258,9 +310,14 @@ pub enum ServerError {
 }
 
 /// Serve until SIGINT/SIGTERM, then drain: refuse new work with 503, finish what was accepted, return.
-/// If the warm-up decision fails the server stops too, with [`ServerError::WarmUp`].
+/// If the warm-up decision fails the server stops too, with [`ServerError::WarmUp`]. On SIGHUP the keys file
+/// (`ServerConfig::api_keys`) is read again ([`keys::Keys::reload`]) without dropping a request.
 pub async fn serve<D: Decider>(config: ServerConfig, decider: Arc<D>) -> Result<(), ServerError> {
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    #[cfg(unix)]
+    if let Some(keys) = config.api_keys.clone() {
+        tokio::spawn(reload_keys_on_sighup(keys));
+    }
     serve_on(listener, config, decider, shutdown_signal()).await
 }
 
@@ -353,6 +410,25 @@ async fn accept_loop<D: Decider>(
     app.start_draining();
     drop(listener);
     graceful.shutdown().await;
+}
+
+#[cfg(unix)]
+async fn reload_keys_on_sighup(keys: Arc<keys::Keys>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: the keys file is read once");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match keys.reload() {
+            Ok(n) => {
+                tracing::info!(keys = n, names = ?keys.names(), "SIGHUP: keys file read again")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: the keys file does not read; the keys in force stay")
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() {

@@ -109,5 +109,19 @@ fn describe() {
         Unit::Bytes,
         "Bytes held by the prepared-state cache"
     );
+    describe_gauge!(
+        "kev_pinned_states",
+        "Pinned states held (POST /v1/systemone/states)"
+    );
+    describe_gauge!(
+        "kev_pinned_state_bytes",
+        Unit::Bytes,
+        "Bytes held by pinned states"
+    );
+    describe_gauge!(
+        "kev_pinned_state_budget_bytes",
+        Unit::Bytes,
+        "The pinned states' byte budget"
+    );
     describe_gauge!("kev_ready", "1 once the warm-up decision succeeded");
 }

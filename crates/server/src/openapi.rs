@@ -20,6 +20,7 @@ use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Required, Schema};
 
 use crate::error::ApiError;
@@ -73,6 +74,34 @@ pub struct BatchResponse {
     pub usage: Usage,
     /// From submitting the entries to the last answer (ms).
     pub x_latency_ms: f64,
+}
+
+/// `POST /v1/systemone/states`: a state to pin.
+#[derive(utoipa::ToSchema)]
+pub struct PinRequest {
+    /// Echoed nowhere; checked as `/v1/systemone` checks it.
+    pub model: Option<String>,
+    /// The document, as a `/v1/systemone` request would send it.
+    #[schema(value_type = Object)]
+    pub state: Value,
+    /// Seconds to keep it (1 to 86,400; default 3,600).
+    #[schema(minimum = 1, maximum = 86400, default = 3600)]
+    pub ttl_s: Option<u64>,
+}
+
+/// A pinned state: name it as `x_state_id` in a `/v1/systemone` request to run only the questions.
+#[derive(utoipa::ToSchema)]
+pub struct PinnedState {
+    /// The id to send as `x_state_id`.
+    pub id: String,
+    /// The state's tokens.
+    pub tokens: u64,
+    /// Bytes it holds of the pinned-state budget.
+    pub bytes: u64,
+    /// When it is dropped (Unix seconds).
+    pub expires_at: u64,
+    /// Whether its prefix has run.
+    pub ready: bool,
 }
 
 /// `GET /v1/models`.
@@ -149,6 +178,8 @@ pub struct Ready {
         ErrorType,
         BatchRequest,
         BatchResponse,
+        PinRequest,
+        PinnedState,
         PermuteRequest,
         PermuteResponse,
         PermuteRun,
@@ -173,7 +204,7 @@ pub fn json() -> &'static str {
 }
 
 /// The errors every decision route answers (the admission pipeline's, and the model's refusals).
-const DECIDE_ERRORS: [ErrorKind; 16] = [
+const DECIDE_ERRORS: [ErrorKind; 17] = [
     ErrorKind::Unparseable,
     ErrorKind::BadBody,
     ErrorKind::AuthInvalid,
@@ -186,6 +217,7 @@ const DECIDE_ERRORS: [ErrorKind; 16] = [
     ErrorKind::Validation,
     ErrorKind::OverLimit,
     ErrorKind::QueueFull,
+    ErrorKind::KeyLimit,
     ErrorKind::Internal,
     ErrorKind::NotReady,
     ErrorKind::Unavailable,
@@ -201,6 +233,11 @@ pub fn document() -> utoipa::openapi::OpenApi {
         let errors: &[ErrorKind] = match e {
             _ if e.decides() => &DECIDE_ERRORS,
             Endpoint::Models => &[ErrorKind::AuthInvalid, ErrorKind::AuthMissing],
+            Endpoint::PinGet | Endpoint::PinDelete => &[
+                ErrorKind::AuthInvalid,
+                ErrorKind::AuthMissing,
+                ErrorKind::NotFound,
+            ],
             Endpoint::Ready => &[
                 ErrorKind::NotReady,
                 ErrorKind::Unavailable,
@@ -224,9 +261,29 @@ pub fn document() -> utoipa::openapi::OpenApi {
                     .into(),
             ]);
         }
+        if path.starts_with("/v1/") {
+            // Bearer auth when the server has keys (KEV_API_KEY, --api-keys); open otherwise.
+            op.security = Some(vec![
+                SecurityRequirement::default(),
+                SecurityRequirement::new("bearer", Vec::<String>::new()),
+            ]);
+        }
         paths.add_path_operation(path, methods, op);
     }
     doc.paths = paths;
+    if let Some(components) = doc.components.as_mut() {
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "`Authorization: Bearer <key>` on every /v1 route when the server has a key (KEV_API_KEY) or named keys (--api-keys); missing → 403, unknown → 401",
+                    ))
+                    .build(),
+            ),
+        );
+    }
     doc
 }
 
@@ -318,6 +375,9 @@ fn describe(kind: ErrorKind) -> &'static str {
             "Over a token limit of the contract (state or row), or a question the route cannot use"
         }
         ErrorKind::QueueFull => "Queue full (rate_limit_error); see Retry-After",
+        ErrorKind::KeyLimit => {
+            "The API key is over one of its own limits (rate_limit_error, names the key and limit); see Retry-After"
+        }
         ErrorKind::Internal => {
             "Server fault (api_error): names the request id; the cause is logged"
         }
@@ -381,6 +441,7 @@ fn error_example(kind: ErrorKind) -> Value {
              its first 65,536 tokens (responses then say truncated: true)",
         ),
         ErrorKind::QueueFull => ApiError::queue_full(64, 1).body(),
+        ErrorKind::KeyLimit => ApiError::key_limited("alice", "5 requests per second", 1).body(),
         ErrorKind::Internal => ApiError::internal()
             .for_request("4f3c2a9e0b8d4e6f9a1b2c3d4e5f6a7b")
             .body(),

@@ -3,7 +3,8 @@
 //! model — the request bodies of its **parts** — and how their answers make its response ([`Route`]); the guards
 //! are the pipeline's, in this order, for every route:
 //!
-//! 1. draining → 503; not ready → 503; a multipart body → 415; an unknown `Content-Encoding` → 415;
+//! 1. draining → 503; not ready → 503; a multipart body → 415; an unknown `Content-Encoding` → 415; a declared
+//!    `Content-Length` over the body limit → 413 at once (nothing held, nothing read);
 //! 2. **a queue slot** ([`crate::queue::Queue::reserve`]), one per request whatever its parts: a full queue
 //!    answers 429 before the body is read;
 //! 3. the body, within the body-read timeout (408) and the body limit (413);
@@ -30,7 +31,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::http::{error_response, json_response, request_id};
+use crate::http::{KeyPass, error_response, json_response, request_id};
 use crate::queue::Answered;
 use crate::{Admission, App, Decider};
 
@@ -99,12 +100,15 @@ impl<D: Decider> Route<D> for SystemOne {
 pub(crate) async fn handle<D: Decider, R: Route<D>>(
     app: Arc<App<D>>,
     route: R,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
     let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    // The key the request was let in under (`http::bearer_key`), charged with the tokens it is admitted for.
+    let key = parts.extensions.get::<KeyPass>().cloned();
     let rid = request_id(&headers);
-    let mut resp = match serve(&app, route, &headers, body, &rid).await {
+    let mut resp = match serve(&app, route, &headers, body, key, &rid).await {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(e) => error_response(e, &rid),
     };
@@ -122,6 +126,7 @@ async fn serve<D: Decider, R: Route<D>>(
     route: R,
     headers: &HeaderMap,
     body: Body,
+    key: Option<KeyPass>,
     rid: &str,
 ) -> Result<Value, ApiError> {
     if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
@@ -143,6 +148,15 @@ async fn serve<D: Decider, R: Route<D>>(
         ));
     }
     let codings = content_codings(headers)?;
+    // A declared length over the limit is refused before anything is held or read.
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u128>().ok())
+        && len > app.config.max_body as u128
+    {
+        return Err(ApiError::too_large(app.config.max_body));
+    }
     // A slot before any work: a full queue answers 429 before the body is even read.
     let slot = app.queue.reserve()?;
     let wait = app
@@ -152,7 +166,7 @@ async fn serve<D: Decider, R: Route<D>>(
     let raw = tokio::time::timeout(wait, read_body(body, app.config.max_body))
         .await
         .map_err(|_| ApiError::body_timeout())??;
-    admit_and_answer(app, route, slot, raw, codings, rid).await
+    admit_and_answer(app, route, slot, raw, codings, key, rid).await
 }
 
 /// `/v1/systemone`'s answer to a body the server holds (the warm-up request): steps 2 and 4–7, as a request
@@ -163,7 +177,7 @@ pub(crate) async fn answer_body<D: Decider>(
     rid: &str,
 ) -> Result<Value, ApiError> {
     let slot = app.queue.reserve()?;
-    admit_and_answer(app, SystemOne, slot, body, Vec::new(), rid).await
+    admit_and_answer(app, SystemOne, slot, body, Vec::new(), None, rid).await
 }
 
 /// Steps 4–7: permit, decode, split, admit every part, submit them together, await and merge their answers.
@@ -173,6 +187,7 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
     slot: crate::queue::Slot<D::Job>,
     raw: Vec<u8>,
     codings: Vec<Coding>,
+    key: Option<KeyPass>,
     rid: &str,
 ) -> Result<Value, ApiError> {
     // An admission permit (about one per core) before decoding, parsing or tokenizing.
@@ -184,8 +199,11 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
     let decider = Arc::clone(&app.decider);
     let max_body = app.config.max_body;
     let splitter = route.clone();
+    let owner = key.as_ref().map(|KeyPass(p)| p.key().name().to_owned());
     let (plan, admitted) = tokio::task::spawn_blocking(move || {
         let bytes = decode_body(raw, &codings, max_body)?;
+        // A pinned state named by `x_state_id` (the requester's own) becomes the request's state.
+        let bytes = crate::states::resolve(&*decider, owner.as_deref(), bytes)?;
         let (bodies, plan) = splitter.split(&decider, bytes)?;
         let admitted = splitter.admit(&decider, &bodies)?;
         Ok::<_, ApiError>((plan, admitted))
@@ -200,6 +218,10 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
             Ok(a) => parts.push((a.job, a.tokens)),
             Err(e) => refused.push((i, e)),
         }
+    }
+    if let Some(KeyPass(pass)) = &key {
+        pass.key()
+            .charge(parts.iter().map(|(_, tokens)| tokens).sum());
     }
     let submitted = Instant::now();
     let parts = if parts.is_empty() {

@@ -57,6 +57,66 @@ where
             .collect())
     }
 
+    fn admit_pin(
+        &self,
+        body: &[u8],
+        id: &str,
+        owner: Option<&str>,
+        ttl: std::time::Duration,
+    ) -> Result<Admission<Self::Job>, ApiError> {
+        if self.pinned().budget() == 0 {
+            return Err(ApiError::typed(
+                kev_contract::ErrorKind::NotFound,
+                "pinning is off on this server (--pin-bytes 0)",
+            ));
+        }
+        let job =
+            Kev::admit_pin(self, body, id, owner, ttl).map_err(|r| ApiError::from_wire(&r))?;
+        Ok(Admission {
+            tokens: job.tokens(),
+            job: self.task(job),
+        })
+    }
+
+    fn pin_info(&self, id: &str, owner: Option<&str>) -> Option<Value> {
+        let info = self.pinned().info(id, owner)?;
+        let expires = info
+            .expires_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Some(serde_json::json!({
+            "id": info.id, "tokens": info.tokens, "bytes": info.bytes,
+            "expires_at": expires, "ready": info.ready,
+        }))
+    }
+
+    fn pin_refusal(&self, id: &str) -> Option<ApiError> {
+        use kev_decide::pinned::PinRefused;
+        Some(match self.pinned().take_refusal(id)? {
+            PinRefused::TooLarge { bytes, budget } => ApiError::typed(
+                kev_contract::ErrorKind::TooMuchWork,
+                format!(
+                    "this state's snapshot is {bytes} bytes, over the whole pinned-state budget of {budget} bytes (--pin-bytes)"
+                ),
+            ),
+            PinRefused::Full { bytes, free } => ApiError::typed(
+                kev_contract::ErrorKind::QueueFull,
+                format!(
+                    "the pinned-state budget is held by other pins: this state needs {bytes} bytes, {free} are free; unpin (DELETE /v1/systemone/states/ID) or wait for pins to expire"
+                ),
+            )
+            .with_retry_after(60),
+        })
+    }
+
+    fn pinned_state(&self, id: &str, owner: Option<&str>) -> Option<Value> {
+        self.pinned().state(id, owner)
+    }
+
+    fn unpin(&self, id: &str, owner: Option<&str>) -> bool {
+        self.pinned().remove(id, owner)
+    }
+
     fn need(&self, job: &Self::Job) -> Need {
         Kev::need(self, job)
     }

@@ -16,9 +16,7 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
 use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
 use serde_json::{Map, Value, json};
@@ -79,10 +77,9 @@ const TRUNCATION_MARKS: [&str; 3] = ["x_truncated", "x_state_tokens", "x_state_t
 )]
 pub(crate) async fn separate<D: Decider>(
     State(app): State<Arc<App<D>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
-    handle(app, Separate, headers, body).await
+    handle(app, Separate, request).await
 }
 
 /// `/v1/systemone/separate`: one part per question.
@@ -151,10 +148,9 @@ impl<D: Decider> Route<D> for Separate {
 )]
 pub(crate) async fn permute<D: Decider>(
     State(app): State<Arc<App<D>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
-    handle(app, Permute, headers, body).await
+    handle(app, Permute, request).await
 }
 
 /// `/v1/systemone/permute`: one part per option order.

@@ -64,6 +64,12 @@ pub struct Args {
     /// A file holding the API key (first line); `KEV_API_KEY` does the same. Without either the API is open.
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
+    /// Named API keys with their own limits, a JSON file: `{"keys": [{"name", "key", "requests_per_second"?,
+    /// "tokens_per_minute"?, "concurrent"?}]}`. Each key's 429s are its own; `/metrics` and the access log
+    /// name the key (never the secret). Read again on SIGHUP (removed keys get 401, others keep their state).
+    /// The unnamed key (`KEV_API_KEY`, --api-key-file) still works beside them.
+    #[arg(long, env = "KEV_API_KEYS", value_name = "FILE")]
+    api_keys: Option<PathBuf>,
     /// Which published release to serve when no model is named (--model, --base/--kev, --demo win): `kev-4b`
     /// (default) or `kev-0.8b`. It is prepared (downloaded, verified, merged) into --model-dir on first use.
     #[arg(long, env = "KEV_RELEASE", value_name = "NAME", default_value = "kev-4b",
@@ -85,6 +91,10 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         args.model.model = Some(default_model(release, args.model_dir.clone())?);
     }
     let api_key = api_key(args.api_key_file.as_ref())?;
+    let api_keys = match &args.api_keys {
+        Some(path) => Some(Arc::new(kev_server::keys::Keys::read(path)?)),
+        None => None,
+    };
     let (mut kev, info) = load(&args.model, &args.service)?;
     if args.demo {
         kev = kev.with_info(ModelInfo {
@@ -96,6 +106,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let config = ServerConfig {
         addr: SocketAddr::new(args.host, args.port),
         api_key,
+        api_keys,
         queue_depth: args.queue_depth.max(1),
         queue_deadline: Duration::from_millis(args.queue_deadline_ms),
         pass_tokens: kev.settings().pass_tokens,
@@ -111,7 +122,8 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         ..ServerConfig::default()
     };
     tracing::info!(
-        auth = config.api_key.is_some(),
+        auth = config.api_key.is_some() || config.api_keys.is_some(),
+        keys = ?config.api_keys.as_ref().map(|k| k.names()),
         queue_depth = config.queue_depth,
         names = ?config.model_names,
         "starting the server"

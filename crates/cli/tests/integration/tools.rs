@@ -848,3 +848,246 @@ fn a_batch_is_held_to_its_caps_and_its_shape() {
     assert_eq!(status, 422, "{v}");
     assert_eq!(v["detail"][0]["type"], "value_error", "{v}");
 }
+
+/// `kev serve --api-keys FILE`: named keys answer, a wrong one is 401; after the file changes and the server
+/// gets SIGHUP, a removed key is refused and a new one answers, without a restart; a file that does not read
+/// stops `kev serve` before it starts, naming the problem.
+#[test]
+fn api_keys_are_read_again_on_sighup() {
+    let dir = std::env::temp_dir().join(format!("kev-cli-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.json");
+    let write = |keys: Value| std::fs::write(&file, json!({ "keys": keys }).to_string()).unwrap();
+    write(
+        json!([{"name": "a", "key": "secret-a"}, {"name": "b", "key": "secret-b", "concurrent": 2}]),
+    );
+    let s = Served::start(&["--api-keys", file.to_str().unwrap()]);
+    let body = br#"{"state":"A short ticket.","questions":{"q":{"type":"noul"}}}"#;
+    let ask = |key: &str| -> u16 {
+        match ureq::post(&format!("{}/v1/systemone", s.base))
+            .set("content-type", "application/json")
+            .set("authorization", &format!("Bearer {key}"))
+            .send_bytes(body)
+        {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(
+        (ask("secret-a"), ask("secret-b"), ask("secret-c")),
+        (200, 200, 401)
+    );
+    write(json!([{"name": "b", "key": "secret-b"}, {"name": "c", "key": "secret-c"}]));
+    let hup = Command::new("kill")
+        .args(["-HUP", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let t = Instant::now();
+    while ask("secret-a") != 401 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the keys file was not read again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!((ask("secret-b"), ask("secret-c")), (200, 200));
+
+    write(json!([{"name": "x", "key": "same"}, {"name": "y", "key": "same"}]));
+    let out = kev()
+        .env("KEV_DEMO_DIR", fixtures().join("release"))
+        .args([
+            "serve",
+            "--demo",
+            "--port",
+            "0",
+            "--api-keys",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("same secret"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn metric_value(s: &Served, name: &str) -> f64 {
+    let text = ureq::get(&format!("{}/metrics", s.base))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A call with a bearer key (or none) and any method; (status, JSON body).
+fn call(
+    s: &Served,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut req = ureq::request(method, &format!("{}{path}", s.base));
+    if let Some(k) = key {
+        req = req.set("authorization", &format!("Bearer {k}"));
+    }
+    let r = match body {
+        Some(b) => req
+            .set("content-type", "application/json")
+            .send_bytes(b.to_string().as_bytes()),
+        None => req.call(),
+    };
+    let r = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    (
+        r.status(),
+        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+    )
+}
+
+/// Pinned states on the real engine, the cache off: a request naming a pin runs only its question rows and
+/// answers byte for byte as the plain request; pins belong to the key that made them; DELETE and expiry free
+/// them; a snapshot over the budget is a 413.
+#[test]
+fn a_pinned_state_runs_only_the_questions_and_belongs_to_its_key() {
+    let dir = std::env::temp_dir().join(format!("kev-cli-pins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.json");
+    std::fs::write(
+        &file,
+        json!({"keys": [{"name": "a", "key": "secret-a"}, {"name": "b", "key": "secret-b"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let s = Served::start(&["--cache-bytes", "0", "--api-keys", file.to_str().unwrap()]);
+    let state = (0..40)
+        .map(|i| format!("Line {i}: the customer asks about order {i} and a refund."))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let questions = json!({"refund": {"type": "noul", "instructions": "A refund?"},
+                           "team": {"type": "choice", "criteria": {"Billing": null, "Tech": "bugs"}}});
+    let a = Some("secret-a");
+    // The plain request first (the cache is off: its prefix runs), then the state pinned.
+    let plain = json!({"state": state, "questions": questions});
+    let rows0 = rows_run(&s);
+    let (st, p) = call(&s, "POST", "/v1/systemone", a, Some(&plain));
+    assert_eq!(st, 200, "{p}");
+    let rows1 = rows_run(&s);
+    assert_eq!(
+        rows1 - rows0,
+        3,
+        "the plain request runs its prefix and two questions"
+    );
+    let (st, pin) = call(
+        &s,
+        "POST",
+        "/v1/systemone/states",
+        a,
+        Some(&json!({"state": state, "ttl_s": 600})),
+    );
+    assert_eq!(st, 200, "{pin}");
+    let id = pin["id"].as_str().unwrap().to_owned();
+    assert!(
+        pin["ready"].as_bool().unwrap() && pin["bytes"].as_u64().unwrap() > 0,
+        "{pin}"
+    );
+    assert!(pin["tokens"].as_u64().unwrap() > 300, "{pin}");
+    assert_eq!(metric_value(&s, "kev_pinned_states"), 1.0);
+    let rows1 = rows_run(&s);
+    let (st, q) = call(
+        &s,
+        "POST",
+        "/v1/systemone",
+        a,
+        Some(&json!({"x_state_id": id, "questions": questions})),
+    );
+    assert_eq!(st, 200, "{q}");
+    let rows2 = rows_run(&s);
+    assert_eq!(timeless(q.clone()), timeless(p.clone()));
+    assert_eq!(
+        rows2 - rows1,
+        2,
+        "the pinned request runs its two questions only"
+    );
+    // Naming the same state beside the id is fine; another state is a 422.
+    let mut both = plain.clone();
+    both["x_state_id"] = json!(id);
+    assert_eq!(call(&s, "POST", "/v1/systemone", a, Some(&both)).0, 200);
+    both["state"] = json!("another text");
+    assert_eq!(call(&s, "POST", "/v1/systemone", a, Some(&both)).0, 422);
+
+    // Another key neither uses, reads nor removes it.
+    let b = Some("secret-b");
+    let named = json!({"x_state_id": id, "questions": questions});
+    assert_eq!(call(&s, "POST", "/v1/systemone", b, Some(&named)).0, 404);
+    assert_eq!(
+        call(&s, "GET", &format!("/v1/systemone/states/{id}"), b, None).0,
+        404
+    );
+    assert_eq!(
+        call(&s, "DELETE", &format!("/v1/systemone/states/{id}"), b, None).0,
+        404
+    );
+    let (st, info) = call(&s, "GET", &format!("/v1/systemone/states/{id}"), a, None);
+    assert_eq!((st, &info["id"]), (200, &json!(id)), "{info}");
+
+    // Unpinned: its bytes are free and the id is gone.
+    assert!(metric_value(&s, "kev_pinned_state_bytes") > 0.0);
+    assert_eq!(
+        call(&s, "DELETE", &format!("/v1/systemone/states/{id}"), a, None).0,
+        200
+    );
+    assert_eq!(call(&s, "POST", "/v1/systemone", a, Some(&named)).0, 404);
+    assert_eq!(metric_value(&s, "kev_pinned_state_bytes"), 0.0);
+
+    // Expiry.
+    let (st, short) = call(
+        &s,
+        "POST",
+        "/v1/systemone/states",
+        a,
+        Some(&json!({"state": "short", "ttl_s": 1})),
+    );
+    assert_eq!(st, 200, "{short}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let path = format!("/v1/systemone/states/{}", short["id"].as_str().unwrap());
+    assert_eq!(call(&s, "GET", &path, a, None).0, 404);
+    assert_eq!(
+        call(
+            &s,
+            "POST",
+            "/v1/systemone/states",
+            a,
+            Some(&json!({"state": "x", "ttl_s": 0}))
+        )
+        .0,
+        422
+    );
+    drop(s);
+
+    // A budget smaller than one snapshot.
+    let s = Served::start(&["--pin-bytes", "1000"]);
+    let (st, v) = call(
+        &s,
+        "POST",
+        "/v1/systemone/states",
+        None,
+        Some(&json!({"state": state})),
+    );
+    assert_eq!(st, 413, "{v}");
+    assert!(
+        v["detail"]["message"].as_str().unwrap().contains("budget"),
+        "{v}"
+    );
+    assert_eq!(metric_value(&s, "kev_pinned_states"), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

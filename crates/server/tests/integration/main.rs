@@ -3,6 +3,7 @@
 
 mod adversity;
 mod http;
+mod keys;
 mod openapi;
 mod routes;
 mod support;

@@ -70,6 +70,7 @@ fn every_endpoint_and_status_is_documented_with_an_example() {
             ErrorKind::UnsupportedMedia,
             ErrorKind::Validation,
             ErrorKind::QueueFull,
+            ErrorKind::KeyLimit,
             ErrorKind::Internal,
             ErrorKind::NotReady,
             ErrorKind::Overloaded,

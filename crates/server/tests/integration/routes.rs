@@ -261,3 +261,30 @@ fn a_fan_out_takes_one_queue_slot_whatever_its_parts() {
     assert_eq!(v["runs"].as_array().unwrap().len(), 64);
     assert_eq!(stub.runs.load(Ordering::SeqCst), 164);
 }
+
+#[test]
+fn a_declared_length_over_the_limit_is_413_at_once_on_every_decision_route() {
+    let r = start(ServerConfig::default(), Arc::new(Stub::new(Duration::ZERO)));
+    for route in DECISION_ROUTES {
+        let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+        // 10^18 bytes announced, none sent.
+        s.write_all(head(route, 1_000_000_000_000_000_000, "application/json").as_bytes())
+            .unwrap();
+        let t = Instant::now();
+        let (status, v) = answer_of(&mut s);
+        assert_eq!(status, 413, "{route}: {v}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{route}: {:?}",
+            t.elapsed()
+        );
+    }
+    // Nothing was held: a normal request is answered.
+    let (status, _) = send(
+        agent()
+            .post(&r.url("/v1/systemone"))
+            .set("content-type", "application/json"),
+        &route_body("/v1/systemone", 10, 1),
+    );
+    assert_eq!(status, 200);
+}

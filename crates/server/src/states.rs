@@ -1,0 +1,210 @@
+//! Pinned states (`kev_decide::pinned`): `POST /v1/systemone/states {model?, state, ttl_s?}` runs a state's
+//! prefix once — through the one admission pipeline, as a request of one question whose answer is not used —
+//! and keeps its snapshot under a new id until `ttl_s` (default 3,600, at most 86,400) passes or it is unpinned;
+//! it answers `{id, tokens, bytes, expires_at, ready, usage}`. A `/v1/systemone` (or `/separate`) request naming
+//! it in the extension field `x_state_id` gets that state put in (a `state` of its own must be the same) and
+//! runs only its question rows; `GET` / `DELETE /v1/systemone/states/{id}` read and unpin it. Pins belong to the
+//! API key that made them (or to nobody when auth is off): another key's requests neither find nor remove them
+//! (404). Pinned bytes have their own budget (`--pin-bytes`): a snapshot over the whole budget is a 413, one
+//! that does not fit beside the others a 429 (retry after unpinning).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use kev_contract::{ContractError, ErrorKind};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::http::{KeyPass, error_response, json_response, request_id};
+use crate::pipeline::{Admitted, Answers, Route, handle};
+use crate::tools::{invalid, parse_json};
+use crate::{App, Decider};
+
+/// The request extension that names a pinned state.
+pub const STATE_ID_FIELD: &str = "x_state_id";
+
+/// Longest a pin may live (s).
+pub const MAX_TTL_S: u64 = 86_400;
+
+/// A pin's life when the request does not say (s).
+pub const DEFAULT_TTL_S: u64 = 3_600;
+
+fn owner_of(request: &axum::extract::Request) -> Option<String> {
+    request
+        .extensions()
+        .get::<KeyPass>()
+        .map(|k| k.0.key().name().to_owned())
+}
+
+/// Pin a state: run its prefix once and keep it for later requests
+#[utoipa::path(
+    post,
+    path = "/v1/systemone/states",
+    request_body(content = crate::openapi::PinRequest, example = json!({"state": "A long contract …", "ttl_s": 600})),
+    responses((status = 200, description = "The pinned state", body = crate::openapi::PinnedState,
+        example = json!({"id": "3f2a…", "tokens": 1518, "bytes": 157286400, "expires_at": 1796400000, "ready": true,
+                         "usage": {"input_tokens": 1540}}))),
+)]
+pub(crate) async fn pin<D: Decider>(
+    State(app): State<Arc<App<D>>>,
+    request: axum::extract::Request,
+) -> Response {
+    let route = Pin {
+        id: uuid::Uuid::new_v4().simple().to_string(),
+        owner: owner_of(&request),
+    };
+    handle(app, route, request).await
+}
+
+/// A pinned state, as its owner sees it
+#[utoipa::path(
+    get,
+    path = "/v1/systemone/states/{id}",
+    params(("id" = String, Path, description = "The id `POST /v1/systemone/states` answered")),
+    responses((status = 200, description = "The pinned state", body = crate::openapi::PinnedState)),
+)]
+pub(crate) async fn pin_get<D: Decider>(
+    State(app): State<Arc<App<D>>>,
+    Path(id): Path<String>,
+    request: axum::extract::Request,
+) -> Response {
+    let owner = owner_of(&request);
+    match app.decider.pin_info(&id, owner.as_deref()) {
+        Some(v) => json_response(StatusCode::OK, &v),
+        None => error_response(no_such_pin(&id), &request_id(request.headers())),
+    }
+}
+
+/// Unpin a state
+#[utoipa::path(
+    delete,
+    path = "/v1/systemone/states/{id}",
+    params(("id" = String, Path, description = "The id `POST /v1/systemone/states` answered")),
+    responses((status = 200, description = "Unpinned", body = Object, example = json!({"id": "3f2a…", "deleted": true}))),
+)]
+pub(crate) async fn pin_delete<D: Decider>(
+    State(app): State<Arc<App<D>>>,
+    Path(id): Path<String>,
+    request: axum::extract::Request,
+) -> Response {
+    let owner = owner_of(&request);
+    if app.decider.unpin(&id, owner.as_deref()) {
+        json_response(StatusCode::OK, &json!({"id": id, "deleted": true}))
+    } else {
+        error_response(no_such_pin(&id), &request_id(request.headers()))
+    }
+}
+
+fn no_such_pin(id: &str) -> ApiError {
+    ApiError::typed(
+        ErrorKind::NotFound,
+        format!(
+            "no pinned state {id:?}: it expired, was unpinned, or was pinned under another API key"
+        ),
+    )
+}
+
+/// `POST /v1/systemone/states`: one part, admitted as a pin.
+#[derive(Clone)]
+struct Pin {
+    id: String,
+    owner: Option<String>,
+}
+
+/// `ttl_s` of a pin body: 422 unless a whole number of seconds in 1..=86,400.
+fn ttl_of(body: &Value) -> Result<Duration, ApiError> {
+    let Some(v) = body.get("ttl_s") else {
+        return Ok(Duration::from_secs(DEFAULT_TTL_S));
+    };
+    match v.as_u64() {
+        Some(s) if (1..=MAX_TTL_S).contains(&s) => Ok(Duration::from_secs(s)),
+        _ => Err(ContractError::Invalid(vec![invalid(
+            &["ttl_s"],
+            "int_range",
+            "Input should be a whole number of seconds from 1 to 86400",
+            v.clone(),
+            Some(json!({"ge": 1, "le": MAX_TTL_S})),
+        )])
+        .into()),
+    }
+}
+
+impl<D: Decider> Route<D> for Pin {
+    type Plan = ();
+
+    fn split(&self, _: &D, bytes: Vec<u8>) -> Result<(Vec<Vec<u8>>, ()), ApiError> {
+        ttl_of(&parse_json(&bytes)?)?;
+        Ok((vec![bytes], ()))
+    }
+
+    fn admit(&self, decider: &D, bodies: &[Vec<u8>]) -> Result<Admitted<D::Job>, ApiError> {
+        let body = bodies.first().ok_or_else(ApiError::internal)?;
+        let ttl = ttl_of(&parse_json(body)?)?;
+        Ok(vec![Ok(decider.admit_pin(
+            body,
+            &self.id,
+            self.owner.as_deref(),
+            ttl,
+        )?)])
+    }
+
+    fn merge(&self, decider: &D, _: (), answers: Answers) -> Result<Value, ApiError> {
+        if let Some(e) = decider.pin_refusal(&self.id) {
+            return Err(e);
+        }
+        let mut info = decider
+            .pin_info(&self.id, self.owner.as_deref())
+            .ok_or_else(ApiError::internal)?;
+        let input: usize = answers
+            .parts
+            .iter()
+            .map(|p| p.body.usage().input_tokens)
+            .sum();
+        info["usage"] = json!({"input_tokens": input});
+        Ok(info)
+    }
+}
+
+/// A request body with its `x_state_id` resolved: the pinned state put in as its `state` (for `owner`'s pins
+/// only). A body without the field is returned as it is; an unknown id is a 404, a `state` of its own that
+/// differs from the pinned one a 422.
+pub(crate) fn resolve<D: Decider>(
+    decider: &D,
+    owner: Option<&str>,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, ApiError> {
+    let needle = format!("\"{STATE_ID_FIELD}\"");
+    if !body.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+        return Ok(body);
+    }
+    // A body that does not read is left for the route to refuse, with its own error.
+    let Ok(Value::Object(mut fields)) = kev_contract::python_loads(&body) else {
+        return Ok(body);
+    };
+    let Some(id) = fields.get(STATE_ID_FIELD) else {
+        return Ok(body);
+    };
+    let Some(id) = id.as_str().map(str::to_owned) else {
+        return Err(ContractError::Invalid(vec![invalid(
+            &[STATE_ID_FIELD],
+            "string_type",
+            "Input should be a valid string",
+            id.clone(),
+            None,
+        )])
+        .into());
+    };
+    let state = decider
+        .pinned_state(&id, owner)
+        .ok_or_else(|| no_such_pin(&id))?;
+    if fields.get("state").is_some_and(|s| *s != state) {
+        return Err(ApiError::unanswerable(format!(
+            "the request's state is not the state pinned as {id:?}: send one of the two"
+        )));
+    }
+    fields.insert("state".into(), state);
+    Ok(kev_contract::compact_json(&Value::Object(fields)).into_bytes())
+}
