@@ -205,7 +205,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
 
     // Ours first; the model is dropped at the end of this block.
     let t = Instant::now();
-    let model = Arc::new(
+    let mut model = Arc::new(
         Backbone::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?,
     );
     let load_s = t.elapsed().as_secs_f64();
@@ -226,7 +226,10 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         .collect();
     if arms.contains(&Arm::Int8) {
         let t = Instant::now();
-        let bytes = model.prepare_int8();
+        // Nothing shares the model yet: the int8 plan is chosen before the first forward.
+        let bytes = Arc::get_mut(&mut model)
+            .context("the model is shared before its int8 form is built")?
+            .prepare_int8();
         eprintln!(
             "int8 weights: {:.2} GiB, quantised in {:.1} s (kept beside the BF16 ones)",
             bytes as f64 / GIB,

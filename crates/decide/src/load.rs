@@ -275,10 +275,11 @@ pub fn load_cpu_int8(
     let backbone = Arc::new(opened.backbone);
     let files = opened.files;
     let hidden = backbone.config().hidden_size;
-    // A separate fp32 service over the same weights, with no prefix cache: its states never reach the
-    // int8 service.
+    // A separate fp32 service over the same weights, with no prefix cache (its states never reach the
+    // int8 service), whose forwards show every projection's input to the observer.
+    let observer = Arc::new(backbone.activation_observer());
     let fp32 = Kev::new(
-        CpuBackend::new(backbone.clone(), Arm::Fp32),
+        CpuBackend::observed(backbone.clone(), Arm::Fp32, Arc::clone(&observer)),
         PointerHead::new(&files.head, hidden)?,
         KevTokenizer::from_file(&files.tok_path)?,
         Settings {
@@ -287,33 +288,29 @@ pub fn load_cpu_int8(
         },
         0,
     );
-    let (done, ranges) = backbone.calibrate_int8(|| {
-        for (index, body) in calibration.iter().enumerate() {
-            match fp32.decide(body) {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    return Err(LoadError::Calibration {
-                        index,
-                        reason: e.to_string(),
-                    });
-                }
-                Err(r) => {
-                    return Err(LoadError::Calibration {
-                        index,
-                        reason: format!("refused ({}): {r}", r.status()),
-                    });
-                }
+    for (index, body) in calibration.iter().enumerate() {
+        match fp32.decide(body) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(LoadError::Calibration {
+                    index,
+                    reason: e.to_string(),
+                });
+            }
+            Err(r) => {
+                return Err(LoadError::Calibration {
+                    index,
+                    reason: format!("refused ({}): {r}", r.status()),
+                });
             }
         }
-        Ok(())
-    });
-    done?;
+    }
     drop(fp32);
+    let ranges = backbone.activation_ranges(&observer);
     let mut backbone = backbone;
-    backbone.quantize_int8(Some(&ranges), plan)?;
-    Arc::get_mut(&mut backbone)
-        .expect("the calibration service was dropped")
-        .drop_float_projections();
+    let model = Arc::get_mut(&mut backbone).expect("the calibration service was dropped");
+    model.quantize_int8(Some(&ranges), plan)?;
+    model.drop_float_projections();
     let spec = LoadSpec {
         arm: Some(Arm::Int8),
         ..spec.clone()

@@ -49,6 +49,7 @@ pub trait Backend: Send + Sync {
 pub struct CpuBackend {
     model: Arc<Backbone>,
     arm: Arm,
+    observer: Option<Arc<crate::ActivationObserver>>,
 }
 
 impl CpuBackend {
@@ -58,7 +59,25 @@ impl CpuBackend {
 
     /// Run `model` with `arm`.
     pub fn new(model: Arc<Backbone>, arm: Arm) -> Self {
-        CpuBackend { model, arm }
+        CpuBackend {
+            model,
+            arm,
+            observer: None,
+        }
+    }
+
+    /// Run `model` with `arm`, every projection's input shown to `observer` first (the fp32 forwards of an
+    /// int8 calibration: [`Backbone::activation_observer`]).
+    pub fn observed(
+        model: Arc<Backbone>,
+        arm: Arm,
+        observer: Arc<crate::ActivationObserver>,
+    ) -> Self {
+        CpuBackend {
+            model,
+            arm,
+            observer: Some(observer),
+        }
     }
 
     /// The loaded model.
@@ -96,7 +115,8 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&self, rows: &mut [BatchRow<'_, State>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.model.forward_batch(self.arm, rows)
+        self.model
+            .forward_batch_observed(self.arm, rows, self.observer.as_deref())
     }
 
     fn describe(&self) -> String {

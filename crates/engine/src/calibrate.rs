@@ -1,14 +1,17 @@
 //! Calibration of the int8 arm: per-input activation ranges observed on calibration rows, and the
 //! quantisation of every projection from them (SmoothQuant factors, `kernels/int8.rs`).
 //!
-//! Ranges are recorded per projection by [`crate::model::Linear::apply`] while [`Backbone::calibrate_int8`]
-//! runs the caller's forward passes (on any arm; the fp32 arm gives the statistics of the reference
-//! computation). Each projection keeps its own record, so other models running meanwhile are not seen.
+//! Ranges are recorded by an [`ActivationObserver`] that the calibration's forwards carry
+//! ([`crate::CpuBackend::observed`] → [`Backbone::forward_batch_observed`] → `Linear::apply`; any arm, the fp32
+//! arm giving the statistics of the reference computation). The weights are not touched while observed: the
+//! observer is the only thing those forwards write besides their states, so other services over the same
+//! weights run meanwhile unseen and unchanged. The int8 plan (each projection's island) is chosen once, at
+//! load, through `&mut Backbone` ([`Backbone::quantize_int8`], [`Backbone::load_int8`]).
 
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, smoothing_factors};
 use crate::kernels::{Arm, PackedMatrix};
-use crate::model::{Backbone, ISLAND_BF16, ISLAND_FP32, ISLAND_NONE, Linear, Mixer};
+use crate::model::{Backbone, Island, Linear, Mixer};
 
 /// The largest `|x[k]|` each projection saw per input during calibration, in the order of
 /// [`Backbone::projection_names`].
@@ -172,6 +175,34 @@ impl Backbone {
     }
 }
 
+/// What a calibration forward records: per projection, the largest `|x[k]|` seen per input. Passed to the
+/// fp32 forwards that run the calibration rows ([`crate::CpuBackend::observed`]), it is the only mutable thing
+/// those forwards touch: the weights stay as loaded.
+pub struct ActivationObserver {
+    /// Per projection (by its address, which the loaded model keeps), the running maxima.
+    ranges: std::collections::HashMap<usize, std::sync::Mutex<Vec<f32>>>,
+}
+
+/// The observer a forward carries, if any.
+pub(crate) type Observe<'a> = Option<&'a ActivationObserver>;
+
+impl std::fmt::Debug for ActivationObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActivationObserver")
+            .field("projections", &self.ranges.len())
+            .finish()
+    }
+}
+
+impl ActivationObserver {
+    /// Fold `m` rows of `x` (stride `ldx`), the input of `l`, into its maxima.
+    pub(crate) fn record(&self, l: &Linear, m: usize, x: &[f32], ldx: usize) {
+        if let Some(r) = self.ranges.get(&(l as *const Linear as usize)) {
+            observe(&mut r.lock().unwrap_or_else(|e| e.into_inner()), m, x, ldx);
+        }
+    }
+}
+
 /// Fold `m` rows of `x` (stride `ldx`) into the running per-input maxima `r`.
 pub(crate) fn observe(r: &mut [f32], m: usize, x: &[f32], ldx: usize) {
     let k = r.len();
@@ -247,32 +278,46 @@ impl Backbone {
         self.projections().into_iter().map(|(n, _, _)| n).collect()
     }
 
-    /// Run `calibration` (forward passes through this model) while recording each projection's
-    /// per-input activation ranges; returns its result and the ranges.
-    pub fn calibrate_int8<R>(&self, calibration: impl FnOnce() -> R) -> (R, ActivationRanges) {
-        let lins = self.projections();
-        for (_, l, _) in &lins {
-            *l.ranges.lock().unwrap_or_else(|e| e.into_inner()) = Some(vec![0.0; l.w.k()]);
+    /// An observer of this model's projection inputs, for the forwards of an int8 calibration
+    /// ([`crate::CpuBackend::observed`], [`Backbone::forward_batch_observed`]); read it back with
+    /// [`Backbone::activation_ranges`].
+    pub fn activation_observer(&self) -> ActivationObserver {
+        ActivationObserver {
+            ranges: self
+                .projections()
+                .into_iter()
+                .map(|(_, l, _)| {
+                    (
+                        l as *const Linear as usize,
+                        std::sync::Mutex::new(vec![0.0; l.w.k()]),
+                    )
+                })
+                .collect(),
         }
-        let out = calibration();
-        let per_projection = lins
-            .iter()
+    }
+
+    /// What `observer` recorded, per projection in [`Backbone::projections`] order (`None` where no row
+    /// reached it).
+    pub fn activation_ranges(&self, observer: &ActivationObserver) -> ActivationRanges {
+        let per_projection = self
+            .projections()
+            .into_iter()
             .map(|(_, l, _)| {
-                l.ranges
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take()
+                observer
+                    .ranges
+                    .get(&(l as *const Linear as usize))
+                    .map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).clone())
                     .filter(|r| r.iter().any(|x| *x > 0.0))
             })
             .collect();
-        (out, ActivationRanges { per_projection })
+        ActivationRanges { per_projection }
     }
 
     /// Quantise every projection for the int8 arm now, smoothed by `plan` where `ranges` has
     /// statistics. Fails if a projection's int8 form was already built (an int8 call ran before).
     /// Returns the bytes of the int8 forms.
     pub fn quantize_int8(
-        &self,
+        &mut self,
         ranges: Option<&ActivationRanges>,
         plan: Int8Plan,
     ) -> Result<usize, EngineError> {
@@ -287,8 +332,8 @@ impl Backbone {
             )));
         }
         let island = match plan.island_arm {
-            Arm::Fp32 => ISLAND_FP32,
-            Arm::Bf16 => ISLAND_BF16,
+            Arm::Fp32 => Island::Fp32,
+            Arm::Bf16 => Island::Bf16,
             Arm::Int8 => {
                 return Err(EngineError::Int8(
                     "an int8 island is no island: use fp32 or bf16".into(),
@@ -298,13 +343,12 @@ impl Backbone {
         let gates = self.gdn_gate_rows();
         let layers = self.projection_layers();
         let mut bytes = 0;
+        let mut islands = vec![Island::None; lins.len()];
         for (i, (name, l, kind)) in lins.iter().enumerate() {
             if plan.is_island(i, layers[i], *kind) {
-                l.island.store(island, std::sync::atomic::Ordering::Relaxed);
+                islands[i] = island;
                 continue;
             }
-            l.island
-                .store(ISLAND_NONE, std::sync::atomic::Ordering::Relaxed);
             if plan.gdn_gates_fp32 && *kind == ProjectionKind::GdnIn {
                 bytes += l.keep_float_rows(gates, name)?;
             }
@@ -360,6 +404,10 @@ impl Backbone {
                     "{name}: its int8 form was already built (quantise before the first int8 call)"
                 )));
             }
+        }
+        drop(lins);
+        for (l, island) in self.projections_mut().into_iter().zip(islands) {
+            l.island = island;
         }
         Ok(bytes)
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::attention::{self, AttnCall};
+use crate::calibrate::Observe;
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::gdn::{self, GdnCall};
@@ -104,7 +105,15 @@ impl Backbone {
     /// forward (7.2× and 3.6× the hidden width on the 4B), so they are filled [`MLP_ROWS`] rows at a
     /// time: an 8,192-token row needs 0.9 GB less, and every row's values are the same bits (each step is
     /// per row; the GEMMs do not depend on the batch).
-    fn mlp(&self, arm: Arm, li: usize, m: usize, x: &mut [f32], bufs: MlpBufs<'_>) {
+    fn mlp(
+        &self,
+        arm: Arm,
+        observer: Observe<'_>,
+        li: usize,
+        m: usize,
+        x: &mut [f32],
+        bufs: MlpBufs<'_>,
+    ) {
         let MlpBufs { hn, gu, act, out } = bufs;
         let (kern, h, im) = (self.kern, self.cfg.hidden_size, self.cfg.intermediate_size);
         let run = Run { kern, arm };
@@ -117,6 +126,7 @@ impl Backbone {
             let rows = (m - r0).min(MLP_ROWS);
             layer.gate_up.apply(
                 run,
+                observer,
                 Rows {
                     m: rows,
                     data: &hn[r0 * h..(r0 + rows) * h],
@@ -135,6 +145,7 @@ impl Backbone {
                 });
             layer.down.apply(
                 run,
+                observer,
                 Rows {
                     m: rows,
                     data: act,
@@ -181,6 +192,17 @@ impl Backbone {
         &self,
         arm: Arm,
         rows: &mut [BatchRow<'_>],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.forward_batch_observed(arm, rows, None)
+    }
+
+    /// [`Backbone::forward_batch`], every projection's input shown to `observer` (int8 calibration:
+    /// [`Backbone::activation_observer`]) before it is multiplied.
+    pub fn forward_batch_observed(
+        &self,
+        arm: Arm,
+        rows: &mut [BatchRow<'_>],
+        observer: Observe<'_>,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let cfg = &self.cfg;
         for r in rows.iter() {
@@ -253,6 +275,7 @@ impl Backbone {
                     let ldp = g.in_proj.w.n();
                     g.in_proj.apply(
                         run,
+                        observer,
                         Rows {
                             m: tot,
                             data: hn,
@@ -304,6 +327,7 @@ impl Backbone {
                     let ldp = at.qkv.w.n();
                     at.qkv.apply(
                         run,
+                        observer,
                         Rows {
                             m: tot,
                             data: hn,
@@ -350,6 +374,7 @@ impl Backbone {
             if li + 1 < self.layers.len() {
                 oproj.apply(
                     run,
+                    observer,
                     Rows {
                         m: tot,
                         data: core,
@@ -358,7 +383,7 @@ impl Backbone {
                     RowsMut { data: out, ld: h },
                 );
                 add_rows(&mut x[..tot * h], &out[..tot * h]);
-                self.mlp(arm, li, tot, x, MlpBufs { hn, gu, act, out });
+                self.mlp(arm, observer, li, tot, x, MlpBufs { hn, gu, act, out });
             } else {
                 // Past the last mixer only the wanted positions matter: finish those rows alone
                 // (every step from here is per token, so the values are the same bits).
@@ -374,6 +399,7 @@ impl Backbone {
                 x[..ms * h].copy_from_slice(&hn[..ms * h]);
                 oproj.apply(
                     run,
+                    observer,
                     Rows {
                         m: ms,
                         data: proj,
@@ -382,7 +408,7 @@ impl Backbone {
                     RowsMut { data: out, ld: h },
                 );
                 add_rows(&mut x[..ms * h], &out[..ms * h]);
-                self.mlp(arm, li, ms, x, MlpBufs { hn, gu, act, out });
+                self.mlp(arm, observer, li, ms, x, MlpBufs { hn, gu, act, out });
             }
         }
 

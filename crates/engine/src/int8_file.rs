@@ -21,7 +21,7 @@ use kev_release::shards::TensorStore;
 use crate::calibrate::ProjectionKind;
 use crate::error::EngineError;
 use crate::kernels::int8::PackedInt8;
-use crate::model::{Backbone, ISLAND_BF16, ISLAND_NONE};
+use crate::model::{Backbone, Island};
 
 /// The file name of the stored int8 form in a prepared directory.
 pub const INT8_FILE: &str = "int8.safetensors";
@@ -67,7 +67,7 @@ impl Backbone {
         let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
         let (mut islands, mut gates) = (Vec::new(), false);
         for (name, l, _) in self.projections() {
-            if l.island.load(std::sync::atomic::Ordering::Relaxed) != ISLAND_NONE {
+            if l.island != Island::None {
                 // Computed from the prepared directory's merged bf16 weights: only its name is stored.
                 islands.push(name);
                 continue;
@@ -130,7 +130,7 @@ impl Backbone {
 
     /// Install the stored int8 form of `path` as every projection's int8 weights (before any int8
     /// call). Every projection must be present with its shape, and nothing else. Returns the bytes.
-    pub fn load_int8(&self, path: &Path) -> Result<usize, EngineError> {
+    pub fn load_int8(&mut self, path: &Path) -> Result<usize, EngineError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let store = TensorStore::open_files(dir, &[path.to_path_buf()])?;
         let bad = |what: String| EngineError::Int8(format!("{}: {what}", path.display()));
@@ -150,15 +150,15 @@ impl Backbone {
         }
         let mut used = 0usize;
         let mut bytes = 0;
+        let is_island: Vec<bool> = names
+            .iter()
+            .map(|n| islands.contains(&n.as_str()))
+            .collect();
         for (name, l, kind) in self.projections() {
             let (n, k) = (l.w.n(), l.w.k());
             if islands.contains(&name.as_str()) {
-                l.island
-                    .store(ISLAND_BF16, std::sync::atomic::Ordering::Relaxed);
                 continue;
             }
-            l.island
-                .store(ISLAND_NONE, std::sync::atomic::Ordering::Relaxed);
             if gates && kind == ProjectionKind::GdnIn {
                 bytes += l.keep_float_rows(self.gdn_gate_rows(), &name)?;
             }
@@ -212,6 +212,9 @@ impl Backbone {
                 "tensor {extra} is not a projection of this model"
             )));
         }
+        for (l, island) in self.projections_mut().into_iter().zip(is_island) {
+            l.island = if island { Island::Bf16 } else { Island::None };
+        }
         Ok(bytes)
     }
 
@@ -246,7 +249,7 @@ mod tests {
     #[test]
     fn the_stored_form_round_trips_bit_for_bit() {
         let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/base");
-        let a = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let mut a = Backbone::load(&base, &LoadOptions::default()).unwrap();
         let bytes = a.quantize_int8(None, Int8Plan::default()).unwrap();
         assert!(bytes > 0);
         let dir = tempfile::tempdir().unwrap();
@@ -266,10 +269,10 @@ mod tests {
             ha.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             hb.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
-        let c = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let mut c = Backbone::load(&base, &LoadOptions::default()).unwrap();
         c.quantize_int8(None, Int8Plan::default()).unwrap();
         assert!(c.load_int8(&path).is_err(), "already built: refused");
-        let d = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let mut d = Backbone::load(&base, &LoadOptions::default()).unwrap();
         let other = dir.path().join("empty.safetensors");
         let none: Vec<(String, safetensors::tensor::TensorView<'_>)> = Vec::new();
         safetensors::tensor::serialize_to_file(none, None, &other).unwrap();
@@ -294,7 +297,7 @@ mod tests {
             ..Int8Plan::default()
         };
         assert!(!plan.bf16_layer_islands.is_empty());
-        let a = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let mut a = Backbone::load(&base, &LoadOptions::default()).unwrap();
         a.quantize_int8(None, plan).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(super::INT8_FILE);
@@ -303,7 +306,7 @@ mod tests {
         b.load_int8(&path).unwrap();
         b.drop_float_projections();
         assert_eq!(hidden(&a), hidden(&b));
-        let p = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let mut p = Backbone::load(&base, &LoadOptions::default()).unwrap();
         p.quantize_int8(None, Int8Plan::plain()).unwrap();
         assert_ne!(hidden(&a), hidden(&p));
     }

@@ -37,7 +37,7 @@ pub mod synth;
 pub mod weights;
 
 pub use backend::{Backend, CpuBackend};
-pub use calibrate::{ActivationRanges, Int8Plan, ProjectionKind, SmoothScope};
+pub use calibrate::{ActivationObserver, ActivationRanges, Int8Plan, ProjectionKind, SmoothScope};
 pub use config::{LayerKind, Qwen35Config};
 pub use error::EngineError;
 pub use forward::BatchRow;

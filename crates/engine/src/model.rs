@@ -9,6 +9,7 @@ use std::path::Path;
 
 use kev_release::shards::{Dtype, TensorStore};
 
+use crate::calibrate::Observe;
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::kernels::pack::{Part, Source};
@@ -43,26 +44,29 @@ pub(crate) struct LoraSeg {
 pub(crate) struct Linear {
     pub w: PackedMatrix,
     pub loras: Vec<LoraSeg>,
-    /// While calibrating the int8 arm: the largest `|x[k]|` seen per input (`calibrate.rs`).
-    pub ranges: std::sync::Mutex<Option<Vec<f32>>>,
-    /// How the int8 arm computes this projection: [`ISLAND_NONE`] (int8), [`ISLAND_BF16`] (as the bf16
-    /// arm does, an island of its plan) or [`ISLAND_FP32`] (as the fp32 arm; the dev-split ablations).
-    pub island: std::sync::atomic::AtomicU8,
+    /// How the int8 arm computes this projection, chosen at load (`quantize_int8`, `load_int8`).
+    pub island: Island,
     /// Output rows `[n − t, n)` the int8 arm computes in fp32 from this copy (`t` = its rows): the GDN
     /// gates `in_proj_b`/`in_proj_a` when the plan keeps them float (calibrate.rs).
     pub float_tail: std::sync::OnceLock<PackedMatrix>,
 }
 
-/// [`Linear::island`]: int8.
-pub(crate) const ISLAND_NONE: u8 = 0;
-/// [`Linear::island`]: the bf16 arm.
-pub(crate) const ISLAND_BF16: u8 = 1;
-/// [`Linear::island`]: the fp32 arm.
-pub(crate) const ISLAND_FP32: u8 = 2;
+/// How the int8 arm computes one projection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Island {
+    /// In int8 (every projection but the plan's islands).
+    #[default]
+    None,
+    /// As the bf16 arm does: an island of the int8 plan.
+    Bf16,
+    /// As the fp32 arm does (the dev-split ablations).
+    Fp32,
+}
 
 impl Linear {
-    /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over the `x.m` rows.
-    pub fn apply(&self, run: Run, x: Rows<'_>, out: RowsMut<'_>) {
+    /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over the `x.m` rows; `observer`, when a forward carries one
+    /// (int8 calibration), records the rows' per-input magnitudes first.
+    pub fn apply(&self, run: Run, observer: Observe<'_>, x: Rows<'_>, out: RowsMut<'_>) {
         let Run { kern, arm } = run;
         let Rows {
             m,
@@ -75,22 +79,13 @@ impl Linear {
             "this model keeps int8 weights only: the {} arm cannot run it",
             arm.name()
         );
-        let arm = if arm == Arm::Int8 {
-            match self.island.load(std::sync::atomic::Ordering::Relaxed) {
-                ISLAND_BF16 => Arm::Bf16,
-                ISLAND_FP32 => Arm::Fp32,
-                _ => Arm::Int8,
-            }
-        } else {
-            arm
+        let arm = match (arm, self.island) {
+            (Arm::Int8, Island::Bf16) => Arm::Bf16,
+            (Arm::Int8, Island::Fp32) => Arm::Fp32,
+            (arm, _) => arm,
         };
-        if let Some(r) = self
-            .ranges
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            crate::calibrate::observe(r, m, x, ldx);
+        if let Some(obs) = observer {
+            obs.record(self, m, x, ldx);
         }
         gemm(
             Run { kern, arm },
@@ -383,7 +378,7 @@ impl Backbone {
     /// Build the int8 arm's weights of every projection now (they are otherwise built on first use),
     /// with the rule's BF16 islands ([`crate::Int8Plan::default`]) when nothing was quantised yet:
     /// per-output-channel int8 from the loaded BF16/F32 weights, kept beside them. Returns their bytes.
-    pub fn prepare_int8(&self) -> usize {
+    pub fn prepare_int8(&mut self) -> usize {
         if self
             .projections()
             .iter()
@@ -516,7 +511,6 @@ fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linea
     Ok(Linear {
         w: m,
         loras,
-        ranges: Default::default(),
         island: Default::default(),
         float_tail: Default::default(),
     })

@@ -416,9 +416,9 @@ fn int8_plans_do_not_depend_on_batch_or_threads() {
         .build()
         .unwrap();
     for kern in kernel_sets() {
-        let plain = load_on(dir.path(), true, Some(kern));
+        let mut plain = load_on(dir.path(), true, Some(kern));
         plain.quantize_int8(None, Int8Plan::plain()).unwrap();
-        let m = load_on(dir.path(), true, Some(kern));
+        let mut m = load_on(dir.path(), true, Some(kern));
         m.quantize_int8(
             None,
             Int8Plan {

@@ -32,7 +32,7 @@ fn int8_and_bf16_hidden_state_error_side_by_side() {
                 "/../../fixtures/release/base"
             ))
         });
-    let m = Backbone::load(&base, &LoadOptions::default()).unwrap();
+    let mut m = Backbone::load(&base, &LoadOptions::default()).unwrap();
     let bytes = m.prepare_int8();
     let h = m.config().hidden_size;
     let vocab = m.config().vocab_size.min(150_000) as u32;
