@@ -4,7 +4,8 @@
 Starts `kev serve` (the binary and model flags given; default `--demo`), then per round: 64 states × 3 questions
 sent as 64 sequential requests on one keep-alive connection, and the same 64 as one batch; checks every batch
 result is byte-equal to the request answered alone (engine time removed), and prints medians and the ratio. Also
-times one request of 20 short questions against one of 1 question on a ~1,500-token state.
+times one request of 20 short questions against one of 1 question on a ~1,500-token state, and a new question on
+that state pinned (`POST /v1/systemone/states`, then `x_state_id`) against the whole request.
 
     python3 tools/bench/batch.py --kev target/release/kev [--rounds 5] [-- serve flags ...]
 """
@@ -62,6 +63,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--states", type=int, default=64)
     ap.add_argument("--words", type=int, default=60)
+    ap.add_argument("--long-words", type=int, default=1470, help="words of the long state (≈ 1,500 tokens)")
     ap.add_argument("serve", nargs="*", default=["--demo"])
     a = ap.parse_args()
     port = free_port()
@@ -107,7 +109,7 @@ def main():
                     one = post(conn, "/v1/systemone", json.dumps(b).encode())
                     assert timeless(r) == timeless(one), (r, one)
         # 20 short questions against 1 on a ~1,500-token state.
-        long_state = state(999, 1100)
+        long_state = state(999, a.long_words)
         q1 = {"q0": {"type": "noul", "instructions": "Is it urgent?"}}
         q20 = {f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"} for i in range(20)}
         one_t, twenty_t = [], []
@@ -120,6 +122,19 @@ def main():
             t = time.perf_counter()
             post(conn, "/v1/systemone", json.dumps({"state": s, "questions": q20}).encode())
             twenty_t.append(time.perf_counter() - t)
+        # A new question on a pinned state against the whole request on a fresh state of the same length.
+        full_t, pinned_t = [], []
+        for rnd in range(a.rounds):
+            s = long_state + f" Pin {rnd}."
+            pin = post(conn, "/v1/systemone/states", json.dumps({"state": s}).encode())
+            t = time.perf_counter()
+            post(conn, "/v1/systemone", json.dumps({"x_state_id": pin["id"], "questions": q1}).encode())
+            pinned_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            post(conn, "/v1/systemone", json.dumps({"state": long_state + f" Full {rnd}.", "questions": q1}).encode())
+            full_t.append(time.perf_counter() - t)
+            conn.request("DELETE", f"/v1/systemone/states/{pin['id']}")
+            conn.getresponse().read()
         out = {
             "model": card.get("description"),
             "states": a.states, "questions": 3, "words_per_state": a.words, "rounds": a.rounds,
@@ -128,6 +143,8 @@ def main():
             "long_state_tokens": r1["usage"]["input_tokens"],
             "one_question_s": statistics.median(one_t), "twenty_questions_s": statistics.median(twenty_t),
             "twenty_over_one": statistics.median(t2 / t1 for t1, t2 in zip(one_t, twenty_t)),
+            "full_request_s": statistics.median(full_t), "pinned_question_s": statistics.median(pinned_t),
+            "pinned_over_full": statistics.median(p / f for p, f in zip(pinned_t, full_t)),
             "byte_equal": True,
         }
         print(json.dumps(out, indent=2))

@@ -231,22 +231,25 @@ pub fn default_arm() -> Arm {
 /// one, else W8A8 by the rule ([`Int8Plan::default`]; no smoothing: no calibration rows here; see
 /// [`load_cpu_int8`]).
 pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
-    let opened = open_cpu(spec)?;
+    let int8 = spec.arm == Some(Arm::Int8);
+    let stored = match &spec.source {
+        Source::Prepared(dir) if int8 => {
+            Some(dir.join(kev_engine::INT8_FILE)).filter(|p| p.is_file())
+        }
+        _ => None,
+    };
+    // Without a stored form, each layer is quantised as it is packed (its float copies never all held).
+    let plan = Int8Plan {
+        scope: SmoothScope::None,
+        ..Int8Plan::default()
+    };
+    let streamed = (int8 && stored.is_none()).then_some(&plan);
+    let opened = open_cpu(spec, streamed)?;
     let mut backbone = opened.backbone;
-    if spec.arm == Some(Arm::Int8) {
-        let stored = match &spec.source {
-            Source::Prepared(dir) => Some(dir.join(kev_engine::INT8_FILE)).filter(|p| p.is_file()),
-            Source::Release { .. } => None,
-        };
+    if int8 {
         let bytes = match &stored {
             Some(path) => backbone.load_int8(path)?,
-            None => backbone.quantize_int8(
-                None,
-                Int8Plan {
-                    scope: SmoothScope::None,
-                    ..Int8Plan::default()
-                },
-            )?,
+            None => backbone.int8_bytes(),
         };
         let freed = backbone.drop_float_projections();
         tracing::info!(
@@ -256,7 +259,8 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
             match &stored {
                 Some(p) => format!("stored form {}", p.display()),
                 None =>
-                    "quantised at load, W8A8 with the rule's bf16 islands (no stored form)".into(),
+                    "quantised layer by layer at load, W8A8 with the rule's bf16 islands (no stored form)"
+                        .into(),
             }
         );
     }
@@ -271,7 +275,7 @@ pub fn load_cpu_int8(
     calibration: &[Vec<u8>],
     plan: Int8Plan,
 ) -> Result<(Kev<CpuBackend>, ModelInfo, ActivationRanges), LoadError> {
-    let opened = open_cpu(spec)?;
+    let opened = open_cpu(spec, None)?;
     let backbone = Arc::new(opened.backbone);
     let files = opened.files;
     let hidden = backbone.config().hidden_size;
@@ -332,10 +336,16 @@ struct Opened {
     files: Files,
 }
 
-fn open_cpu(spec: &LoadSpec) -> Result<Opened, LoadError> {
+/// Open the model files; with `int8`, the projections are quantised layer by layer as they load
+/// ([`Backbone::load_quantised`]).
+fn open_cpu(spec: &LoadSpec, int8: Option<&Int8Plan>) -> Result<Opened, LoadError> {
+    let load = |dir: &Path, opts: &LoadOptions| match int8 {
+        Some(plan) => Backbone::load_quantised(dir, opts, plan),
+        None => Backbone::load(dir, opts),
+    };
     let (backbone, head, head_path, tok_path, desc) = match (&spec.source, spec.form) {
         (Source::Prepared(dir), WeightForm::Merged) => {
-            let backbone = Backbone::load(dir, &LoadOptions::default())?;
+            let backbone = load(dir, &LoadOptions::default())?;
             let (head, head_path) = KevHead::read_dir(dir)?;
             (
                 backbone,
@@ -357,7 +367,7 @@ fn open_cpu(spec: &LoadSpec) -> Result<Opened, LoadError> {
                 merge_adapter: form == WeightForm::Merged,
                 ..LoadOptions::default()
             };
-            let backbone = Backbone::load(base, &opts)?;
+            let backbone = load(base, &opts)?;
             let (head, head_path) = KevHead::read_dir(kev)?;
             (
                 backbone,

@@ -11,7 +11,7 @@
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, smoothing_factors};
 use crate::kernels::{Arm, PackedMatrix};
-use crate::model::{Backbone, Island, Linear, Mixer};
+use crate::model::{Backbone, Island, Layer, Linear, Mixer};
 
 /// The largest `|x[k]|` each projection saw per input during calibration, in the order of
 /// [`Backbone::projection_names`].
@@ -331,15 +331,7 @@ impl Backbone {
                 lins.len()
             )));
         }
-        let island = match plan.island_arm {
-            Arm::Fp32 => Island::Fp32,
-            Arm::Bf16 => Island::Bf16,
-            Arm::Int8 => {
-                return Err(EngineError::Int8(
-                    "an int8 island is no island: use fp32 or bf16".into(),
-                ));
-            }
-        };
+        let island = plan.island()?;
         let gates = self.gdn_gate_rows();
         let layers = self.projection_layers();
         let mut bytes = 0;
@@ -349,65 +341,141 @@ impl Backbone {
                 islands[i] = island;
                 continue;
             }
-            if plan.gdn_gates_fp32 && *kind == ProjectionKind::GdnIn {
-                bytes += l.keep_float_rows(gates, name)?;
-            }
-            let wanted = match plan.scope {
-                SmoothScope::None => false,
-                SmoothScope::NormInputs => kind.reads_norm(),
-                SmoothScope::All => true,
-            };
-            let act = ranges
-                .and_then(|r| r.per_projection[i].as_ref())
-                .filter(|_| wanted);
-            let factors = match act {
-                Some(a) if a.len() == l.w.k() => {
-                    let w = &l.w;
-                    let mut wmax = vec![0f32; w.k()];
-                    for r in 0..w.n() {
-                        for (c, m) in wmax.iter_mut().enumerate() {
-                            *m = m.max(w.get(r, c).abs());
-                        }
-                    }
-                    Some(smoothing_factors(a, &wmax, plan.alpha))
-                }
-                Some(a) => {
-                    return Err(EngineError::Int8(format!(
-                        "{name}: {} activation ranges for {} inputs",
-                        a.len(),
-                        l.w.k()
-                    )));
-                }
-                None => None,
-            };
-            let q = PackedInt8::from_packed_clipped(&l.w, factors.as_deref(), plan.weight_clip);
-            bytes += q.bytes();
-            if plan.weights_only {
-                let (n, k) = (q.n(), q.k());
-                let mut deq = vec![0f32; n * k];
-                for (r, row) in deq.chunks_mut(k).enumerate() {
-                    for (c, v) in row.iter_mut().enumerate() {
-                        *v = q.get(r, c);
-                    }
-                }
-                if l.float_tail
-                    .set(PackedMatrix::from_f32(n, k, &deq))
-                    .is_err()
-                {
-                    return Err(EngineError::Int8(format!(
-                        "{name}: weights_only over fp32 gate rows"
-                    )));
-                }
-            }
-            if !l.w.set_int8(q) {
-                return Err(EngineError::Int8(format!(
-                    "{name}: its int8 form was already built (quantise before the first int8 call)"
-                )));
-            }
+            let act = ranges.and_then(|r| r.per_projection[i].as_deref());
+            bytes += l.quantize(name, *kind, gates, &plan, act)?;
         }
         drop(lins);
         for (l, island) in self.projections_mut().into_iter().zip(islands) {
             l.island = island;
+        }
+        Ok(bytes)
+    }
+}
+
+impl Int8Plan {
+    /// How its islands compute.
+    fn island(&self) -> Result<Island, EngineError> {
+        match self.island_arm {
+            Arm::Fp32 => Ok(Island::Fp32),
+            Arm::Bf16 => Ok(Island::Bf16),
+            Arm::Int8 => Err(EngineError::Int8(
+                "an int8 island is no island: use fp32 or bf16".into(),
+            )),
+        }
+    }
+}
+
+/// Quantise decoder layer `li`'s projections by `plan` as soon as the layer is packed, and drop each float
+/// copy but the islands' ([`Backbone::load_quantised`]): the model never holds its float projections and
+/// their int8 forms at once. Projection `slot` of the layer is projection `4·li + slot` of
+/// [`Backbone::projections`] (mixer in, mixer out, MLP gate/up, MLP down). No activation ranges: a plan that
+/// smooths needs calibration ([`Backbone::quantize_int8`]). Returns the int8 bytes.
+pub(crate) fn quantize_layer(
+    layer: &mut Layer,
+    li: usize,
+    plan: &Int8Plan,
+    gates: usize,
+) -> Result<usize, EngineError> {
+    use ProjectionKind as K;
+    let island = plan.island()?;
+    let (mixer_in, mixer_out, kinds, names) = match &mut layer.mixer {
+        Mixer::Gdn(g) => (
+            &mut g.in_proj,
+            &mut g.out_proj,
+            [K::GdnIn, K::GdnOut],
+            ["linear_attn.in_proj", "linear_attn.out_proj"],
+        ),
+        Mixer::Attn(a) => (
+            &mut a.qkv,
+            &mut a.o_proj,
+            [K::AttnQkv, K::AttnOut],
+            ["self_attn.qkv_proj", "self_attn.o_proj"],
+        ),
+    };
+    let all = [
+        (mixer_in, kinds[0], names[0]),
+        (mixer_out, kinds[1], names[1]),
+        (&mut layer.gate_up, K::MlpGateUp, "mlp.gate_up_proj"),
+        (&mut layer.down, K::MlpDown, "mlp.down_proj"),
+    ];
+    let mut bytes = 0;
+    for (slot, (l, kind, name)) in all.into_iter().enumerate() {
+        if plan.is_island(4 * li + slot, li, kind) {
+            l.island = island;
+            continue;
+        }
+        bytes += l.quantize(&format!("layers.{li}.{name}"), kind, gates, plan, None)?;
+        l.w.drop_float();
+    }
+    Ok(bytes)
+}
+
+impl Linear {
+    /// Build this projection's int8 form by `plan` (SmoothQuant factors from `act`, its input's recorded
+    /// ranges, where the plan smooths its kind; the GDN gate rows kept in fp32 where it says so). Returns
+    /// the bytes built.
+    pub(crate) fn quantize(
+        &self,
+        name: &str,
+        kind: ProjectionKind,
+        gates: usize,
+        plan: &Int8Plan,
+        act: Option<&[f32]>,
+    ) -> Result<usize, EngineError> {
+        let l = self;
+        let mut bytes = 0;
+        if plan.gdn_gates_fp32 && kind == ProjectionKind::GdnIn {
+            bytes += l.keep_float_rows(gates, name)?;
+        }
+        let wanted = match plan.scope {
+            SmoothScope::None => false,
+            SmoothScope::NormInputs => kind.reads_norm(),
+            SmoothScope::All => true,
+        };
+        let act = act.filter(|_| wanted);
+        let factors = match act {
+            Some(a) if a.len() == l.w.k() => {
+                let w = &l.w;
+                let mut wmax = vec![0f32; w.k()];
+                for r in 0..w.n() {
+                    for (c, m) in wmax.iter_mut().enumerate() {
+                        *m = m.max(w.get(r, c).abs());
+                    }
+                }
+                Some(smoothing_factors(a, &wmax, plan.alpha))
+            }
+            Some(a) => {
+                return Err(EngineError::Int8(format!(
+                    "{name}: {} activation ranges for {} inputs",
+                    a.len(),
+                    l.w.k()
+                )));
+            }
+            None => None,
+        };
+        let q = PackedInt8::from_packed_clipped(&l.w, factors.as_deref(), plan.weight_clip);
+        bytes += q.bytes();
+        if plan.weights_only {
+            let (n, k) = (q.n(), q.k());
+            let mut deq = vec![0f32; n * k];
+            for (r, row) in deq.chunks_mut(k).enumerate() {
+                for (c, v) in row.iter_mut().enumerate() {
+                    *v = q.get(r, c);
+                }
+            }
+            if l.float_tail
+                .set(PackedMatrix::from_f32(n, k, &deq))
+                .is_err()
+            {
+                return Err(EngineError::Int8(format!(
+                    "{name}: weights_only over fp32 gate rows"
+                )));
+            }
+        }
+        if !l.w.set_int8(q) {
+            return Err(EngineError::Int8(format!(
+                "{name}: its int8 form was already built (quantise before the first int8 call)"
+            )));
         }
         Ok(bytes)
     }

@@ -244,6 +244,40 @@ mod tests {
     use crate::{Arm, Backbone, Int8Plan, LoadOptions};
     use std::path::Path;
 
+    /// Quantising each layer as it loads gives the bits of quantising the loaded model, with the same
+    /// islands, and holds no float projection but the islands'.
+    #[test]
+    fn quantising_at_load_is_quantising_after_load() {
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/base");
+        let plan = Int8Plan {
+            scope: crate::SmoothScope::None,
+            ..Int8Plan::default()
+        };
+        let mut a = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let bytes = a.quantize_int8(None, plan).unwrap();
+        a.drop_float_projections();
+        let b = Backbone::load_quantised(&base, &LoadOptions::default(), &plan).unwrap();
+        assert_eq!(b.int8_bytes(), bytes);
+        assert_eq!(b.weight_bytes(), a.weight_bytes());
+        let islands = |m: &Backbone| -> Vec<bool> {
+            m.projections()
+                .iter()
+                .map(|(_, l, _)| l.island != crate::model::Island::None)
+                .collect()
+        };
+        assert_eq!(islands(&a), islands(&b));
+        assert!(islands(&b).iter().any(|x| *x), "the rule has islands");
+        let ids: Vec<u32> = (0..150u32).map(|i| 9 + (i * 7919) % 5000).collect();
+        let wanted = [0, 63, 64, 149];
+        let (mut sa, mut sb) = (a.new_state(), b.new_state());
+        let ha = a.forward(Arm::Int8, &mut sa, &ids, &wanted).unwrap();
+        let hb = b.forward(Arm::Int8, &mut sb, &ids, &wanted).unwrap();
+        assert_eq!(
+            ha.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            hb.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
     /// The stored form gives back, bit for bit, the int8 arm it was written from; the float copies can be
     /// dropped without changing a bit; a model without some projection's form is refused.
     #[test]

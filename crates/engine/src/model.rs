@@ -301,6 +301,22 @@ impl Backbone {
         Self::from_weights(&weights, opts.merge_adapter, kern)
     }
 
+    /// [`Backbone::load`] for the int8 arm alone: each layer's projections are quantised by `plan` as soon
+    /// as they are packed and their float copies dropped (but the plan's islands), so the peak memory of the
+    /// load is about the int8 model's, not the float model's plus its int8 form. Only the int8 arm can run
+    /// the result. `plan` must not need activation ranges (no smoothing: that needs calibration rows, see
+    /// [`Backbone::quantize_int8`]).
+    pub fn load_quantised(
+        dir: &Path,
+        opts: &LoadOptions,
+        plan: &crate::Int8Plan,
+    ) -> Result<Self, EngineError> {
+        let ck = Checkpoint::open(dir)?;
+        let weights = ck.weights(opts.adapter.as_deref())?;
+        let kern = opts.kernels.unwrap_or_else(Kernels::detect);
+        Self::build(&weights, opts.merge_adapter, kern, Some(plan))
+    }
+
     /// Build from an opened store; with `merge`, the adapter is merged into the weights at load.
     pub fn from_store(
         cfg: Qwen35Config,
@@ -315,17 +331,34 @@ impl Backbone {
     /// Pack the checkpoint tree; with `merge`, each LoRA is merged into its weight (BF16, bit-exact with
     /// the prepared export), else it is kept unmerged beside the packed weight.
     pub fn from_weights(w: &Weights<'_>, merge: bool, kern: Kernels) -> Result<Self, EngineError> {
+        Self::build(w, merge, kern, None)
+    }
+
+    fn build(
+        w: &Weights<'_>,
+        merge: bool,
+        kern: Kernels,
+        int8: Option<&crate::Int8Plan>,
+    ) -> Result<Self, EngineError> {
         let cfg = w.config.clone();
         let embed = match w.embed_tokens.dtype() {
             Dtype::BF16 => Embedding::Bf16(w.embed_tokens.bf16_bits()),
             _ => Embedding::F32(w.embed_tokens.to_f32()),
         };
         w.release(&w.embed_tokens);
+        let gates = 2 * cfg.linear_num_value_heads;
         let layers = w
             .layers
             .iter()
-            .map(|l| pack_layer(w, l, merge))
-            .collect::<Result<Vec<_>, _>>()?;
+            .enumerate()
+            .map(|(li, l)| {
+                let mut layer = pack_layer(w, l, merge)?;
+                if let Some(plan) = int8 {
+                    crate::calibrate::quantize_layer(&mut layer, li, plan, gates)?;
+                }
+                Ok(layer)
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
         let inv_freq = rope_inv_freq(cfg.rope_theta, cfg.rotary_dim);
         Ok(Backbone {
             final_norm: norm1p(&w.norm),
@@ -346,6 +379,14 @@ impl Backbone {
     /// The kernels in use.
     pub fn kernels(&self) -> Kernels {
         self.kern
+    }
+
+    /// Bytes of the projections' int8 forms built so far.
+    pub fn int8_bytes(&self) -> usize {
+        self.projections()
+            .iter()
+            .map(|(_, l, _)| l.w.int8_bytes())
+            .sum()
     }
 
     /// Bytes of owned weight storage (packed projections, embedding, small vectors).
