@@ -244,6 +244,17 @@ mod tests {
     use crate::{Arm, Backbone, Int8Plan, LoadOptions};
     use std::path::Path;
 
+    /// The int8 arm's hidden states of one 150-token row (positions 0, 63, 64, 149), as bits.
+    fn int8_bits(m: &Backbone) -> Vec<u32> {
+        let ids: Vec<u32> = (0..150u32).map(|i| 9 + (i * 7919) % 5000).collect();
+        let mut state = m.new_state();
+        m.forward(Arm::Int8, &mut state, &ids, &[0, 63, 64, 149])
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
     /// Quantising each layer as it loads gives the bits of quantising the loaded model, with the same
     /// islands, and holds no float projection but the islands'.
     #[test]
@@ -267,15 +278,7 @@ mod tests {
         };
         assert_eq!(islands(&a), islands(&b));
         assert!(islands(&b).iter().any(|x| *x), "the rule has islands");
-        let ids: Vec<u32> = (0..150u32).map(|i| 9 + (i * 7919) % 5000).collect();
-        let wanted = [0, 63, 64, 149];
-        let (mut sa, mut sb) = (a.new_state(), b.new_state());
-        let ha = a.forward(Arm::Int8, &mut sa, &ids, &wanted).unwrap();
-        let hb = b.forward(Arm::Int8, &mut sb, &ids, &wanted).unwrap();
-        assert_eq!(
-            ha.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            hb.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+        assert_eq!(int8_bits(&a), int8_bits(&b));
     }
 
     /// The stored form gives back, bit for bit, the int8 arm it was written from; the float copies can be
@@ -294,15 +297,7 @@ mod tests {
         let floats = b.weight_bytes();
         assert!(b.drop_float_projections() > 0);
         assert!(b.int8_only() && b.weight_bytes() < floats);
-        let ids: Vec<u32> = (0..150u32).map(|i| 9 + (i * 7919) % 5000).collect();
-        let wanted = [0, 63, 64, 149];
-        let (mut sa, mut sb) = (a.new_state(), b.new_state());
-        let ha = a.forward(Arm::Int8, &mut sa, &ids, &wanted).unwrap();
-        let hb = b.forward(Arm::Int8, &mut sb, &ids, &wanted).unwrap();
-        assert_eq!(
-            ha.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            hb.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
+        assert_eq!(int8_bits(&a), int8_bits(&b));
         let mut c = Backbone::load(&base, &LoadOptions::default()).unwrap();
         c.quantize_int8(None, Int8Plan::default()).unwrap();
         assert!(c.load_int8(&path).is_err(), "already built: refused");

@@ -99,8 +99,9 @@ impl Drop for Served {
     }
 }
 
-fn valid_requests() -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join("requests/valid"))
+/// The request fixtures of `fixtures/requests/{kind}` (`valid`, `invalid`), by name, in name order.
+fn fixture_requests(kind: &str) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join("requests").join(kind))
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
@@ -113,6 +114,10 @@ fn valid_requests() -> Vec<(String, Vec<u8>)> {
         .collect();
     out.sort();
     out
+}
+
+fn valid_requests() -> Vec<(String, Vec<u8>)> {
+    fixture_requests("valid")
 }
 
 #[test]
@@ -655,20 +660,10 @@ fn help_lists_the_new_commands_and_flags() {
 
 /// Every invalid fixture request that is JSON (so that it can sit inside a batch body).
 fn invalid_json_requests() -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(fixtures().join("requests/invalid"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .map(|p| {
-            (
-                p.file_stem().unwrap().to_string_lossy().into_owned(),
-                std::fs::read(&p).unwrap(),
-            )
-        })
+    fixture_requests("invalid")
+        .into_iter()
         .filter(|(_, b)| serde_json::from_slice::<Value>(b).is_ok())
-        .collect();
-    out.sort();
-    out
+        .collect()
 }
 
 /// A batch body of the raw request bodies (spliced byte for byte: NaN literals and lone surrogates included).
