@@ -422,10 +422,9 @@ impl Linear {
         plan: &Int8Plan,
         act: Option<&[f32]>,
     ) -> Result<usize, EngineError> {
-        let l = self;
         let mut bytes = 0;
         if plan.gdn_gates_fp32 && kind == ProjectionKind::GdnIn {
-            bytes += l.keep_float_rows(gates, name)?;
+            bytes += self.keep_float_rows(gates, name)?;
         }
         let wanted = match plan.scope {
             SmoothScope::None => false,
@@ -434,8 +433,8 @@ impl Linear {
         };
         let act = act.filter(|_| wanted);
         let factors = match act {
-            Some(a) if a.len() == l.w.k() => {
-                let w = &l.w;
+            Some(a) if a.len() == self.w.k() => {
+                let w = &self.w;
                 let mut wmax = vec![0f32; w.k()];
                 for r in 0..w.n() {
                     for (c, m) in wmax.iter_mut().enumerate() {
@@ -448,12 +447,12 @@ impl Linear {
                 return Err(EngineError::Int8(format!(
                     "{name}: {} activation ranges for {} inputs",
                     a.len(),
-                    l.w.k()
+                    self.w.k()
                 )));
             }
             None => None,
         };
-        let q = PackedInt8::from_packed_clipped(&l.w, factors.as_deref(), plan.weight_clip);
+        let q = PackedInt8::from_packed_clipped(&self.w, factors.as_deref(), plan.weight_clip);
         bytes += q.bytes();
         if plan.weights_only {
             let (n, k) = (q.n(), q.k());
@@ -463,7 +462,8 @@ impl Linear {
                     *v = q.get(r, c);
                 }
             }
-            if l.float_tail
+            if self
+                .float_tail
                 .set(PackedMatrix::from_f32(n, k, &deq))
                 .is_err()
             {
@@ -472,7 +472,7 @@ impl Linear {
                 )));
             }
         }
-        if !l.w.set_int8(q) {
+        if !self.w.set_int8(q) {
             return Err(EngineError::Int8(format!(
                 "{name}: its int8 form was already built (quantise before the first int8 call)"
             )));

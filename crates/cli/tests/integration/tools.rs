@@ -77,19 +77,25 @@ impl Served {
     }
 
     fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
-        let r = ureq::post(&format!("{}{path}", self.base))
-            .set("content-type", "application/json")
-            .send_bytes(body);
-        let r = match r {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("{e}"),
-        };
-        (
-            r.status(),
-            serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+        answer(
+            ureq::post(&format!("{}{path}", self.base))
+                .set("content-type", "application/json")
+                .send_bytes(body),
         )
     }
+}
+
+/// The status and JSON body of an answer, whatever its status.
+fn answer(r: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
+    let r = match r {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{e}"),
+    };
+    (
+        r.status(),
+        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
+    )
 }
 
 impl Drop for Served {
@@ -195,15 +201,7 @@ fn separate_and_permute_agree_with_systemone_on_every_fixture_request() {
 }
 
 fn rows_run(s: &Served) -> u64 {
-    let text = ureq::get(&format!("{}/metrics", s.base))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("kev_engine_rows_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    metric_value(s, "kev_engine_rows_total") as u64
 }
 
 /// `/permute` and `/separate` admit their parts together against the per-request caps summed over the parts
@@ -857,18 +855,8 @@ fn api_keys_are_read_again_on_sighup() {
         json!([{"name": "a", "key": "secret-a"}, {"name": "b", "key": "secret-b", "concurrent": 2}]),
     );
     let s = Served::start(&["--api-keys", file.to_str().unwrap()]);
-    let body = br#"{"state":"A short ticket.","questions":{"q":{"type":"noul"}}}"#;
-    let ask = |key: &str| -> u16 {
-        match ureq::post(&format!("{}/v1/systemone", s.base))
-            .set("content-type", "application/json")
-            .set("authorization", &format!("Bearer {key}"))
-            .send_bytes(body)
-        {
-            Ok(r) => r.status(),
-            Err(ureq::Error::Status(code, _)) => code,
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let body = json!({"state": "A short ticket.", "questions": {"q": {"type": "noul"}}});
+    let ask = |key: &str| -> u16 { call(&s, "POST", "/v1/systemone", Some(key), Some(&body)).0 };
     assert_eq!(
         (ask("secret-a"), ask("secret-b"), ask("secret-c")),
         (200, 200, 401)
@@ -932,21 +920,12 @@ fn call(
     if let Some(k) = key {
         req = req.set("authorization", &format!("Bearer {k}"));
     }
-    let r = match body {
+    answer(match body {
         Some(b) => req
             .set("content-type", "application/json")
             .send_bytes(b.to_string().as_bytes()),
         None => req.call(),
-    };
-    let r = match r {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{e}"),
-    };
-    (
-        r.status(),
-        serde_json::from_str(&r.into_string().unwrap()).unwrap(),
-    )
+    })
 }
 
 /// Pinned states on the real engine, the cache off: a request naming a pin runs only its question rows and
