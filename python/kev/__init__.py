@@ -115,6 +115,11 @@ class Model:
     the head serves (``--calibration``); ``date_facts`` adds a sentence per pair of dates to states naming two or
     more (``--date-facts``); ``max_questions``, ``max_options`` and ``max_input_tokens`` are the per-request work
     caps (default 1,024 / 16,384 / 131,072; a request over one is refused with status 413).
+
+    Several Kev adapters over one base (``kev serve --adapter``): ``base`` and ``adapters={name: dir, ...}``
+    instead of ``kev``. A request's ``model`` picks the adapter; the first (or ``default_adapter``) answers
+    ``kev-latest``, ``jev-latest`` and, unless ``strict_models``, any other name. Every adapter is applied
+    unmerged (the exact weight form), so each answers as ``Model(base=…, kev=its dir, weights="exact")``.
     """
 
     def __init__(
@@ -134,8 +139,20 @@ class Model:
         max_questions: Optional[int] = None,
         max_options: Optional[int] = None,
         max_input_tokens: Optional[int] = None,
+        adapters: Optional[Mapping[str, PathLike]] = None,
+        default_adapter: Optional[str] = None,
+        strict_models: bool = False,
     ) -> None:
         fs = lambda p: None if p is None else os.fspath(p)  # noqa: E731
+        listed = None
+        if adapters is not None:
+            listed = [(str(name), fs(d)) for name, d in adapters.items()]
+            if default_adapter is not None:
+                if default_adapter not in dict(listed):
+                    raise ValueError(f"default_adapter {default_adapter!r}: no adapter has that name")
+                listed.sort(key=lambda nd: nd[0] != default_adapter)
+        elif default_adapter is not None:
+            raise ValueError("default_adapter needs adapters={name: dir, ...}")
         self._engine = _kev.Engine(
             {
                 "model_dir": fs(model_dir),
@@ -152,6 +169,8 @@ class Model:
                 "max_questions": max_questions,
                 "max_options": max_options,
                 "max_input_tokens": max_input_tokens,
+                "adapters": listed,
+                "strict_models": strict_models,
             }
         )
         self._info: Optional[dict] = None

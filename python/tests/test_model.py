@@ -254,3 +254,28 @@ def test_calibration_and_date_facts_give_the_bytes_kev_serve_gives(tmp_path, val
 def test_the_precision_error_is_the_librarys():
     with pytest.raises(ValueError, match=r"precision: unknown compute arm `fp8` \(fp32, bf16, int8\)"):
         kev.Model(base=BASE, kev=KEV, precision="fp8")
+
+
+MINI = ROOT / "fixtures" / "mini"
+
+
+def test_several_adapters_answer_as_their_own_models():
+    adapters = {"kev": MINI / "kev", "support": MINI / "adapters" / "support", "ops": MINI / "adapters" / "ops"}
+    many = kev.Model(base=MINI / "base", adapters=adapters, default_adapter="ops", strict_models=True,
+                     weights="exact", precision="fp32")
+    request = {"state": "Hello, the invoice for order #4380 charges me twice. I want my money back. - Sam",
+               "questions": {"refund": {"type": "noul", "instructions": "Is a refund requested?"}}}
+    answers = {}
+    for name, d in adapters.items():
+        alone = kev.Model(base=MINI / "base", kev=d, weights="exact", precision="fp32")
+        got = many.decide({"model": name, **request})
+        assert got["model"] == name
+        assert got["answers"] == alone.decide(request)["answers"], name
+        answers[name] = got["answers"]
+    assert answers["support"] != answers["ops"]
+    assert many.decide(request)["answers"] == answers["ops"], "the default adapter answers no model"
+    with pytest.raises(kev.ContractError) as e:
+        many.decide({"model": "nope", **request})
+    assert e.value.status == 400 and e.value.body["detail"]["error_type"] == "api_usage_error"
+    with pytest.raises(ValueError):
+        kev.Model(base=MINI / "base", adapters=adapters, default_adapter="missing")

@@ -40,6 +40,11 @@ pub struct ServiceArgs {
     /// pair with its day count, as the author's `KEV_DATE_FACTS=1` does. Off by default.
     #[arg(long, env = "KEV_DATE_FACTS", value_parser = clap::builder::BoolishValueParser::new())]
     pub date_facts: bool,
+    /// Refuse a request whose `model` names no served adapter (nor `kev-latest`, `jev-latest`, the size or an
+    /// alias) with 400 `api_usage_error` "Unknown model: …", as the live SystemOne API does, instead of
+    /// answering it with the default adapter and echoing the name (Kev 1.0's behaviour, the default).
+    #[arg(long, env = "KEV_STRICT_MODELS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub strict_models: bool,
     /// Apply the temperatures `kev calibrate` fitted (its `--out` file) in the pointer head instead of the
     /// stored one.
     #[arg(long, env = "KEV_CALIBRATION", value_name = "FILE")]
@@ -89,6 +94,7 @@ impl ServiceArgs {
             rows_from_zero: self.rows_from_zero,
             date_facts: self.date_facts,
             calibration,
+            strict_models: self.strict_models,
         })
     }
 }
@@ -114,7 +120,14 @@ pub fn load(
     service: &ServiceArgs,
 ) -> anyhow::Result<(kev_decide::Kev<CpuBackend>, ModelInfo)> {
     let spec = model.load_spec(service.settings()?)?;
-    kev_decide::load_cpu(&spec).with_context(|| format!("loading {}", describe(&spec.source)))
+    let adapters = model.adapter_dirs()?;
+    let (kev, info) = kev_decide::load_cpu_adapters(&spec, adapters.get(1..).unwrap_or(&[]))
+        .with_context(|| format!("loading {}", describe(&spec.source)))?;
+    let kev = match adapters.first() {
+        Some(first) => kev.with_default_names(&first.name, &[]),
+        None => kev,
+    };
+    Ok((kev, info))
 }
 
 fn describe(source: &Source) -> String {

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::path::PathBuf;
 
 use clap::builder::{PossibleValue, TypedValueParser};
-use kev_decide::{Source, WeightForm};
+use kev_decide::{AdapterDir, Source, WeightForm};
 use kev_engine::Arm;
 
 /// Which model to load and how to compute with it.
@@ -14,13 +14,35 @@ pub struct ModelArgs {
     /// A prepared (engine-ready) model directory, as written by `kev prepare`.
     #[arg(long, env = "KEV_MODEL", conflicts_with_all = ["base", "kev"])]
     pub model: Option<PathBuf>,
-    /// The base release directory (Qwen3.5 base files); use with --kev.
-    #[arg(long, requires = "kev")]
+    /// The base release directory (Qwen3.5 base files); use with --kev, or with one or more --adapter.
+    #[arg(long)]
     pub base: Option<PathBuf>,
     /// The Kev release directory (adapter, tokenizer.json, and the head: head.pt, or the prepared form `kev synth`
     /// writes); use with --base.
-    #[arg(long, requires = "base")]
+    #[arg(long, requires = "base", conflicts_with = "adapters")]
     pub kev: Option<PathBuf>,
+    /// A Kev adapter to serve over --base, as NAME=DIR (a Kev release directory: PEFT adapter, head, optional
+    /// calibration.json); repeat for several. One resident base serves them all: a request's `model` picks the
+    /// adapter by NAME; the first (or --default-adapter) also answers `kev-latest`, `jev-latest` and any
+    /// other name. Every adapter is applied unmerged (the exact weight form).
+    #[arg(
+        long = "adapter",
+        env = "KEV_ADAPTERS",
+        value_delimiter = ',',
+        value_name = "NAME=DIR",
+        requires = "base",
+        conflicts_with = "model"
+    )]
+    pub adapters: Vec<String>,
+    /// A JSON file listing adapters, for many: `{"adapters": [{"name", "dir"}], "default"?: NAME}` (a relative
+    /// dir is read from the file's directory); the same as that many --adapter flags, after them.
+    #[arg(long, env = "KEV_ADAPTERS_FILE", value_name = "FILE", requires = "base",
+        conflicts_with_all = ["model", "kev"])]
+    pub adapters_file: Option<PathBuf>,
+    /// The adapter (by NAME) that answers `kev-latest`, `jev-latest` and names no adapter has (default: the
+    /// first).
+    #[arg(long, env = "KEV_DEFAULT_ADAPTER", value_name = "NAME")]
+    pub default_adapter: Option<String>,
     /// Weight form: `merged` (LoRA merged into BF16 weights) or `exact` (LoRA kept unmerged in fp32; needs --base/--kev).
     #[arg(long, env = "KEV_WEIGHTS", default_value = "merged", value_parser = LibraryEnum::<WeightForm>::new())]
     pub weights: WeightForm,
@@ -54,18 +76,59 @@ impl ModelArgs {
         }
     }
 
-    /// The model's files these flags name.
+    /// The model's files these flags name (with adapters: the base and the default adapter).
     pub fn source(&self) -> anyhow::Result<Source> {
-        match (&self.model, &self.base, &self.kev) {
-            (Some(dir), _, _) => Ok(Source::Prepared(dir.clone())),
-            (None, Some(base), Some(kev)) => Ok(Source::Release {
+        let adapters = self.adapter_dirs()?;
+        match (&self.model, &self.base, &self.kev, adapters.first()) {
+            (Some(dir), _, _, _) => Ok(Source::Prepared(dir.clone())),
+            (None, Some(base), Some(kev), _) => Ok(Source::Release {
                 base: base.clone(),
                 kev: kev.clone(),
             }),
+            (None, Some(base), None, Some(first)) => Ok(Source::Release {
+                base: base.clone(),
+                kev: first.dir.clone(),
+            }),
             _ => anyhow::bail!(
-                "name a model: --model DIR (prepared), or --base DIR --kev DIR (release)"
+                "name a model: --model DIR (prepared), or --base DIR with --kev DIR or --adapter NAME=DIR (release)"
             ),
         }
+    }
+
+    /// The adapters named by --adapter and --adapters-file, the default first (none without them).
+    pub fn adapter_dirs(&self) -> anyhow::Result<Vec<AdapterDir>> {
+        let mut out = Vec::new();
+        for a in &self.adapters {
+            let Some((name, dir)) = a
+                .split_once('=')
+                .filter(|(n, d)| !n.is_empty() && !d.is_empty())
+            else {
+                anyhow::bail!("--adapter {a}: expected NAME=DIR");
+            };
+            out.push(AdapterDir {
+                name: name.to_owned(),
+                dir: PathBuf::from(dir),
+            });
+        }
+        let mut default = self.default_adapter.clone();
+        if let Some(path) = &self.adapters_file {
+            let (listed, file_default) = read_adapters_file(path)?;
+            out.extend(listed);
+            default = default.or(file_default);
+        }
+        for (i, a) in out.iter().enumerate() {
+            if out[..i].iter().any(|b| b.name == a.name) {
+                anyhow::bail!("two adapters are named {}", a.name);
+            }
+        }
+        if let Some(name) = default {
+            let Some(i) = out.iter().position(|a| a.name == name) else {
+                anyhow::bail!("--default-adapter {name}: no adapter has that name");
+            };
+            let first = out.remove(i);
+            out.insert(0, first);
+        }
+        Ok(out)
     }
 
     /// The compute arm asked for, if any.
@@ -164,6 +227,40 @@ impl<T: Named> TypedValueParser for LibraryEnum<T> {
     }
 }
 
+/// `{"adapters": [{"name", "dir"}], "default"?: NAME}`, relative dirs from the file's directory.
+fn read_adapters_file(path: &std::path::Path) -> anyhow::Result<(Vec<AdapterDir>, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        name: String,
+        dir: PathBuf,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        adapters: Vec<Entry>,
+        default: Option<String>,
+    }
+    let text = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("reading the adapters file {}: {e}", path.display()))?;
+    let file: File = serde_json::from_slice(&text)
+        .map_err(|e| anyhow::anyhow!("the adapters file {}: {e}", path.display()))?;
+    let root = path.parent().unwrap_or(std::path::Path::new("."));
+    let list = file
+        .adapters
+        .into_iter()
+        .map(|e| AdapterDir {
+            dir: if e.dir.is_absolute() {
+                e.dir
+            } else {
+                root.join(e.dir)
+            },
+            name: e.name,
+        })
+        .collect();
+    Ok((list, file.default))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +297,84 @@ mod tests {
             err.contains("unknown weight form `lora` (merged, exact)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn adapters_come_from_flags_and_a_file_the_default_first() {
+        let dir = std::env::temp_dir().join(format!("kev-adapters-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("adapters.json");
+        std::fs::write(
+            &file,
+            r#"{"adapters": [{"name": "ops", "dir": "ops"}, {"name": "abs", "dir": "/x/abs"}], "default": "ops"}"#,
+        )
+        .unwrap();
+        let path = file.display().to_string();
+        let cli = Cli::try_parse_from([
+            "kev",
+            "--base",
+            "b",
+            "--adapter",
+            "one=d1",
+            "--adapters-file",
+            &path,
+        ])
+        .unwrap();
+        let got = cli.model.adapter_dirs().unwrap();
+        let names: Vec<&str> = got.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["ops", "one", "abs"]);
+        assert_eq!(got[0].dir, dir.join("ops"));
+        assert_eq!(got[2].dir, PathBuf::from("/x/abs"));
+        match cli.model.source().unwrap() {
+            Source::Release { kev, .. } => assert_eq!(kev, dir.join("ops")),
+            other => panic!("{other:?}"),
+        }
+        // --default-adapter wins over the file's default; a name no adapter has is refused.
+        let cli = Cli::try_parse_from([
+            "kev",
+            "--base",
+            "b",
+            "--adapter",
+            "one=d1",
+            "--adapters-file",
+            &path,
+            "--default-adapter",
+            "abs",
+        ])
+        .unwrap();
+        assert_eq!(cli.model.adapter_dirs().unwrap()[0].name, "abs");
+        for bad in [
+            vec![
+                "kev",
+                "--base",
+                "b",
+                "--adapter",
+                "one=d1",
+                "--default-adapter",
+                "two",
+            ],
+            vec![
+                "kev",
+                "--base",
+                "b",
+                "--adapter",
+                "one=d1",
+                "--adapter",
+                "one=d2",
+            ],
+            vec!["kev", "--base", "b", "--adapter", "nodir"],
+        ] {
+            let cli = Cli::try_parse_from(bad.clone()).unwrap();
+            assert!(cli.model.adapter_dirs().is_err(), "{bad:?}");
+        }
+        assert!(
+            Cli::try_parse_from(["kev", "--adapter", "a=d"]).is_err(),
+            "needs --base"
+        );
+        assert!(
+            Cli::try_parse_from(["kev", "--base", "b", "--kev", "k", "--adapter", "a=d"]).is_err(),
+            "--kev or --adapter"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

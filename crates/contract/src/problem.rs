@@ -34,6 +34,9 @@ pub enum ErrorType {
     ApiError,
     /// No such route.
     NotFoundError,
+    /// A well-formed request the server cannot serve as asked (an unknown `model` under strict models):
+    /// the live SystemOne API's name.
+    ApiUsageError,
 }
 
 impl ErrorType {
@@ -49,6 +52,7 @@ impl ErrorType {
             ErrorType::TimeoutError => "timeout_error",
             ErrorType::ApiError => "api_error",
             ErrorType::NotFoundError => "not_found_error",
+            ErrorType::ApiUsageError => "api_usage_error",
         }
     }
 }
@@ -68,6 +72,8 @@ pub enum ErrorKind {
     NotFound,
     /// The route exists, not with this method.
     MethodNotAllowed,
+    /// The request's `model` names no model this server serves (with strict model names).
+    UnknownModel,
     /// The body did not arrive in time.
     BodyTimeout,
     /// The whole request took longer than the server's request timeout.
@@ -104,9 +110,10 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in table order.
-    pub const ALL: [ErrorKind; 22] = [
+    pub const ALL: [ErrorKind; 23] = [
         ErrorKind::Unparseable,
         ErrorKind::BadBody,
+        ErrorKind::UnknownModel,
         ErrorKind::AuthInvalid,
         ErrorKind::AuthMissing,
         ErrorKind::NotFound,
@@ -134,6 +141,7 @@ impl ErrorKind {
         use ErrorType::*;
         match self {
             ErrorKind::Unparseable | ErrorKind::BadBody => (400, InvalidRequestError),
+            ErrorKind::UnknownModel => (400, ApiUsageError),
             ErrorKind::AuthInvalid => (401, AuthenticationError),
             ErrorKind::AuthMissing => (403, AuthenticationError),
             ErrorKind::NotFound => (404, NotFoundError),

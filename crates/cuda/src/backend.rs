@@ -611,6 +611,12 @@ impl Backend for CudaBackend {
 
     fn forward(&self, rows: &mut [BatchRow<'_, CudaState>]) -> Result<Vec<Vec<f32>>, EngineError> {
         for r in rows.iter() {
+            if r.adapter != 0 {
+                return Err(EngineError::Input(
+                    "the CUDA backend serves one adapter (slot 0); several adapters run on the CPU backend"
+                        .into(),
+                ));
+            }
             if let Some(t) = r
                 .tokens
                 .iter()

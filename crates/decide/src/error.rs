@@ -69,6 +69,9 @@ pub enum Refusal {
     /// Over a per-request work cap (413).
     #[error("{}", .0.message())]
     OverCap(OverCap),
+    /// A `model` no adapter answers to, under `--strict-models` (400 `api_usage_error`).
+    #[error("Unknown model: {0}")]
+    UnknownModel(String),
 }
 
 impl From<OverCap> for Refusal {
@@ -103,6 +106,7 @@ impl WireError for Refusal {
             Refusal::Contract(e) => e.kind(),
             Refusal::Tokenize(e) => e.kind(),
             Refusal::OverCap(_) => ErrorKind::TooMuchWork,
+            Refusal::UnknownModel(_) => ErrorKind::UnknownModel,
         }
     }
 
@@ -122,6 +126,7 @@ impl WireError for Refusal {
                     body
                 }
             }
+            Refusal::UnknownModel(_) => ErrorBody::typed(self.kind(), self.to_string()),
         }
     }
 }

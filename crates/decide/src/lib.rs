@@ -18,7 +18,9 @@ pub mod task;
 
 pub use calibrate::Calibration;
 pub use head::PointerHead;
-pub use load::{LoadSpec, ModelInfo, Source, WeightForm, load_cpu, load_cpu_int8};
+pub use load::{
+    AdapterDir, LoadSpec, ModelInfo, Source, WeightForm, load_cpu, load_cpu_adapters, load_cpu_int8,
+};
 pub use service::{
     Caps, DecideError, Decision, Job, Kev, LOGITS_FIELD, OverCap, Refusal, Settings, Stats,
 };

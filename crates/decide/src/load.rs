@@ -130,8 +130,12 @@ pub struct ModelInfo {
     pub temperature: f64,
     /// `YYYY-MM-DD`: the head file's modification date (no network is asked).
     pub release_date: String,
-    /// Bytes of backbone weights held in memory.
+    /// Bytes of backbone weights held in memory (the base once, every adapter's LoRA beside it).
     pub weight_bytes: usize,
+    /// Bytes of this adapter's own unmerged LoRA tensors among them (0 when merged).
+    pub adapter_bytes: usize,
+    /// sha256 of the adapter's `adapter_model.safetensors` (release sources; `None` for a prepared model).
+    pub adapter_sha256: Option<String>,
     /// The bundled miniature (`kev serve --demo`): the card says so, and that its answers are for trying the
     /// API.
     pub demo: bool,
@@ -141,7 +145,7 @@ impl ModelInfo {
     /// The `/v1/models` card fields other than `name`: what was loaded, and the service options of `settings`
     /// that change answers (limits, calibration, date facts). The one card `kev serve`, `kev calibrate` and the
     /// Python package report ([`Kev::card`]).
-    pub fn card(&self, settings: &Settings) -> Value {
+    pub fn card(&self, settings: &Settings, calibration: Option<&Calibration>) -> Value {
         let mut card = json!({
             "description": format!(
                 "Kev pointer head on {}, serving {} weights ({} compute) at temperature {:.2}",
@@ -156,6 +160,9 @@ impl ModelInfo {
             "x_precision": self.arm.name(),
             "x_weights": self.form.name(),
             "x_temperature": self.temperature,
+            "x_weight_bytes": self.weight_bytes,
+            "x_adapter_bytes": self.adapter_bytes,
+            "x_adapter_sha256": self.adapter_sha256,
         });
         if let (Some(obj), Value::Object(rest)) =
             (card.as_object_mut(), Self::settings_card(settings))
@@ -178,7 +185,7 @@ impl ModelInfo {
                 obj.insert("x_miniature".into(), Value::Bool(true));
             }
             // The options that change answers come last, where `/v1/models` has always listed them.
-            let calibration = settings.calibration.as_deref().map(Calibration::card);
+            let calibration = calibration.map(Calibration::card);
             obj.insert("x_calibration".into(), calibration.unwrap_or(Value::Null));
             obj.insert("x_date_facts".into(), Value::Bool(settings.date_facts));
         }
@@ -231,6 +238,55 @@ pub fn default_arm() -> Arm {
 /// one, else W8A8 by the rule ([`Int8Plan::default`]; no smoothing: no calibration rows here; see
 /// [`load_cpu_int8`]).
 pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
+    load_cpu_adapters(spec, &[])
+}
+
+/// A further Kev adapter to serve over the same base: a Kev release directory (PEFT `adapter_config.json` +
+/// `adapter_model.safetensors`, the head as `head.pt` or in the prepared form, optionally `calibration.json`,
+/// the file `kev calibrate --save` writes) and the name requests select it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterDir {
+    /// The name (`model`).
+    pub name: String,
+    /// The release directory.
+    pub dir: PathBuf,
+}
+
+/// The calibration file an adapter directory may carry (served by that adapter's head).
+pub const ADAPTER_CALIBRATION_FILE: &str = "calibration.json";
+
+/// [`load_cpu`] with further adapters over the one resident base: `spec.source` must be a release (its `kev`
+/// is the default adapter); every adapter is kept unmerged in fp32 (the `exact` form, whatever `spec.form`
+/// says: a merged adapter would change the base the others share), so each adapter answers bit for bit as a
+/// single-adapter `exact` service of it would. Refused at start, naming the problem: a directory that is not
+/// a Kev release for this base (a module or shape that does not fit, a head for another base or width, a
+/// different tokenizer), two adapters of one name.
+pub fn load_cpu_adapters(
+    spec: &LoadSpec,
+    more: &[AdapterDir],
+) -> Result<(Kev<CpuBackend>, ModelInfo), LoadError> {
+    let owned;
+    let spec = if more.is_empty() {
+        spec
+    } else {
+        let Source::Release { .. } = &spec.source else {
+            return Err(LoadError::Unsupported(
+                "several adapters share one base only from the release files: use --base DIR with --kev DIR \
+                 or --adapter NAME=DIR"
+                    .into(),
+            ));
+        };
+        if spec.form == WeightForm::Merged {
+            tracing::info!(
+                "several adapters: every adapter is kept unmerged (the exact weight form)"
+            );
+        }
+        owned = LoadSpec {
+            form: WeightForm::Exact,
+            ..spec.clone()
+        };
+        &owned
+    };
     let int8 = spec.arm == Some(Arm::Int8);
     let stored = match &spec.source {
         Source::Prepared(dir) if int8 => {
@@ -246,6 +302,15 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
     let streamed = (int8 && stored.is_none()).then_some(&plan);
     let opened = open_cpu(spec, streamed)?;
     let mut backbone = opened.backbone;
+    let mut slots = Vec::with_capacity(more.len());
+    if let Source::Release { base, .. } = &spec.source {
+        for a in more {
+            let slot = backbone
+                .attach_adapter(base, &a.dir)
+                .map_err(|e| adapter_error(a, e))?;
+            slots.push(slot);
+        }
+    }
     if int8 {
         let bytes = match &stored {
             Some(path) => backbone.load_int8(path)?,
@@ -264,7 +329,78 @@ pub fn load_cpu(spec: &LoadSpec) -> Result<(Kev<CpuBackend>, ModelInfo), LoadErr
             }
         );
     }
-    finish_cpu(spec, Arc::new(backbone), opened.files)
+    let tok_path = opened.files.tok_path.clone();
+    let (kev, info) = finish_cpu(spec, Arc::new(backbone), opened.files)?;
+    let mut kev = kev;
+    for (a, slot) in more.iter().zip(slots) {
+        kev = add_adapter(kev, (&info, &tok_path), a, slot)?;
+    }
+    Ok((kev, info))
+}
+
+fn adapter_error(a: &AdapterDir, e: impl std::fmt::Display) -> LoadError {
+    LoadError::Unsupported(format!("adapter {} ({}): {e}", a.name, a.dir.display()))
+}
+
+/// Serve adapter `a` (its LoRA already at `slot` of the backbone) beside the default one.
+fn add_adapter(
+    kev: Kev<CpuBackend>,
+    (default, default_tok): (&ModelInfo, &Path),
+    a: &AdapterDir,
+    slot: usize,
+) -> Result<Kev<CpuBackend>, LoadError> {
+    let bad = |e: &dyn std::fmt::Display| adapter_error(a, e);
+    if kev.adapters().iter().any(|x| x.name() == a.name) {
+        return Err(bad(&"two adapters have this name"));
+    }
+    let (head, head_path) = KevHead::read_dir(&a.dir).map_err(|e| bad(&e))?;
+    if head.meta.base != default.base {
+        return Err(bad(&format!(
+            "its head was trained on {}, the served base is {}",
+            head.meta.base, default.base
+        )));
+    }
+    let hidden = kev_engine::Backend::hidden_size(kev.backend());
+    let pointer = PointerHead::new(&head, hidden).map_err(|e| bad(&e))?;
+    let tok = a.dir.join("tokenizer.json");
+    if tok.is_file() && std::fs::read(&tok).ok() != std::fs::read(default_tok).ok() {
+        return Err(bad(
+            &"its tokenizer.json differs from the default adapter's (one tokenizer serves every adapter)",
+        ));
+    }
+    let cal_path = a.dir.join(ADAPTER_CALIBRATION_FILE);
+    let calibration = if cal_path.is_file() {
+        Some(Arc::new(Calibration::read(&cal_path).map_err(|e| bad(&e))?))
+    } else {
+        None
+    };
+    let info = ModelInfo {
+        source: format!("adapter {} over {}", a.dir.display(), default.source),
+        lora: head.meta.lora.clone(),
+        temperature: head.meta.temperature,
+        release_date: file_date(&head_path),
+        adapter_bytes: kev.backend().model().adapter_bytes(slot),
+        adapter_sha256: adapter_sha256(&a.dir),
+        ..default.clone()
+    };
+    let model_id = fnv1a(
+        format!(
+            "{}|{}|{}",
+            info.source,
+            default.form.name(),
+            default.arm.name()
+        )
+        .as_bytes(),
+    );
+    tracing::info!(adapter = %a.name, dir = %a.dir.display(), slot, adapter_bytes = info.adapter_bytes, "adapter loaded over the resident base");
+    Ok(kev.with_adapter(crate::service::AdapterSpec {
+        name: a.name.clone(),
+        slot,
+        head: pointer,
+        calibration,
+        model_id,
+        info: Some(info),
+    }))
 }
 
 /// Load a model on the CPU for the int8 arm (whatever `spec.arm` says), its projections quantised with
@@ -405,6 +541,7 @@ fn finish_cpu(
     let pointer = PointerHead::new(&head, hidden)?;
     let tokenizer = KevTokenizer::from_file(&tok_path)?;
     let weight_bytes = backbone.weight_bytes();
+    let adapter_bytes = backbone.adapter_bytes(0);
     let backend = CpuBackend::new(backbone, arm);
     let info = ModelInfo {
         source: desc,
@@ -418,6 +555,11 @@ fn finish_cpu(
         temperature: head.meta.temperature,
         release_date: file_date(&head_path),
         weight_bytes,
+        adapter_bytes,
+        adapter_sha256: match &spec.source {
+            Source::Release { kev, .. } => adapter_sha256(kev),
+            Source::Prepared(_) => None,
+        },
         demo: false,
     };
     let model_id = fnv1a(format!("{}|{}|{}", info.source, spec.form.name(), arm.name()).as_bytes());
@@ -432,6 +574,23 @@ fn finish_cpu(
         "model loaded"
     );
     Ok((kev, info))
+}
+
+/// sha256 of `dir/adapter_model.safetensors`, read in 1 MiB pieces (`None` if it cannot be read).
+fn adapter_sha256(dir: &Path) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(dir.join("adapter_model.safetensors")).ok()?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Some(hex::encode(h.finalize()))
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {

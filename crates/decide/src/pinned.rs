@@ -32,6 +32,8 @@ pub struct PinInfo {
 }
 
 struct Entry<S> {
+    /// The model identity (adapter, weights, arm) it was run under: only the same one may use it.
+    model: u64,
     owner: Option<String>,
     state: Value,
     ids: Vec<u32>,
@@ -102,6 +104,7 @@ impl<S: Clone> PinnedStates<S> {
     /// Reserve an id for a state about to run (its snapshot follows with [`PinnedStates::fill`]).
     pub(crate) fn reserve(
         &self,
+        model: u64,
         id: String,
         owner: Option<String>,
         state: Value,
@@ -109,6 +112,7 @@ impl<S: Clone> PinnedStates<S> {
         ttl: Duration,
     ) {
         let entry = Entry {
+            model,
             owner,
             state,
             ids,
@@ -165,11 +169,11 @@ impl<S: Clone> PinnedStates<S> {
             .remove(id)
     }
 
-    /// The snapshot pinned for exactly these state ids, if any.
-    pub(crate) fn snapshot(&self, ids: &[u32]) -> Option<Snapshot<S>> {
+    /// The snapshot pinned for exactly these state ids under `model`, if any.
+    pub(crate) fn snapshot(&self, model: u64, ids: &[u32]) -> Option<Snapshot<S>> {
         self.lock()
             .values()
-            .find(|e| e.snapshot.is_some() && e.ids == ids)
+            .find(|e| e.snapshot.is_some() && e.model == model && e.ids == ids)
             .and_then(|e| e.snapshot.clone())
     }
 
@@ -236,6 +240,7 @@ mod tests {
     fn a_pin_is_found_by_its_ids_and_only_by_its_owner() {
         let p = PinnedStates::new(1000);
         p.reserve(
+            0,
             "a".into(),
             Some("alice".into()),
             Value::from("s"),
@@ -243,18 +248,22 @@ mod tests {
             Duration::from_secs(60),
         );
         assert!(p.wants("a"));
-        assert!(p.snapshot(&[1, 2]).is_none(), "not ready yet");
+        assert!(p.snapshot(0, &[1, 2]).is_none(), "not ready yet");
         p.fill("a", &snap(7), 100);
         assert!(!p.wants("a"));
-        assert_eq!(p.snapshot(&[1, 2]).map(|s| s.state), Some(vec![7]));
-        assert!(p.snapshot(&[1]).is_none());
+        assert_eq!(p.snapshot(0, &[1, 2]).map(|s| s.state), Some(vec![7]));
+        assert!(p.snapshot(0, &[1]).is_none());
+        assert!(
+            p.snapshot(1, &[1, 2]).is_none(),
+            "another adapter's identity never finds it"
+        );
         let info = p.info("a", Some("alice")).unwrap();
         assert_eq!((info.tokens, info.bytes, info.ready), (2, 108, true));
         assert!(p.info("a", None).is_none() && p.info("a", Some("bob")).is_none());
         assert!(p.state("a", Some("bob")).is_none());
         assert!(!p.remove("a", Some("bob")));
         assert!(p.remove("a", Some("alice")));
-        assert!(p.snapshot(&[1, 2]).is_none());
+        assert!(p.snapshot(0, &[1, 2]).is_none());
         assert_eq!(p.stats().bytes, 0);
     }
 
@@ -262,6 +271,7 @@ mod tests {
     fn the_budget_refuses_what_it_cannot_hold_and_expiry_frees_it() {
         let p = PinnedStates::new(300);
         p.reserve(
+            0,
             "big".into(),
             None,
             Value::Null,
@@ -275,6 +285,7 @@ mod tests {
         ));
         assert!(p.info("big", None).is_none());
         p.reserve(
+            0,
             "a".into(),
             None,
             Value::Null,
@@ -283,6 +294,7 @@ mod tests {
         );
         p.fill("a", &snap(1), 196);
         p.reserve(
+            0,
             "b".into(),
             None,
             Value::Null,
@@ -298,7 +310,7 @@ mod tests {
             })
         );
         // An expired pin is gone and its bytes free.
-        p.reserve("c".into(), None, Value::Null, vec![3], Duration::ZERO);
+        p.reserve(0, "c".into(), None, Value::Null, vec![3], Duration::ZERO);
         assert!(p.info("c", None).is_none());
         assert_eq!(p.stats().bytes, 200);
     }

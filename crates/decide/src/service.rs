@@ -89,8 +89,12 @@ pub struct Settings {
     /// `KEV_DATE_FACTS=1`) before it is tokenized.
     pub date_facts: bool,
     /// Temperatures fitted by `kev calibrate` ([`Calibration::read`]), served by the pointer head instead
-    /// of its stored one; `None` serves the stored temperature.
+    /// of its stored one; `None` serves the stored temperature. (The default adapter's; another adapter
+    /// serves its own, [`AdapterSpec::calibration`].)
     pub calibration: Option<Arc<Calibration>>,
+    /// A `model` that names no adapter is refused (400 `api_usage_error`, as the live SystemOne API does)
+    /// instead of answered by the default adapter with the name echoed (Kev 1.0's behaviour, the default).
+    pub strict_models: bool,
 }
 
 impl Default for Settings {
@@ -105,6 +109,7 @@ impl Default for Settings {
             rows_from_zero: false,
             date_facts: false,
             calibration: None,
+            strict_models: false,
         }
     }
 }
@@ -115,9 +120,15 @@ pub struct Job {
     compiled: CompiledRequest,
     logits: bool,
     pin: Option<String>,
+    adapter: usize,
 }
 
 impl Job {
+    /// The adapter that answers it (an index into [`Kev::adapters`], chosen by the request's `model`).
+    pub fn adapter(&self) -> usize {
+        self.adapter
+    }
+
     /// The kind of question `i` (request order): the head's calibration may differ by kind.
     pub(crate) fn question_kind(&self, i: usize) -> kev_contract::QuestionKind {
         self.request.questions()[i].kind()
@@ -209,16 +220,70 @@ pub struct Stats {
     pub pins: crate::pinned::PinStats,
 }
 
-/// The decision service over one loaded model.
+/// One Kev adapter the service answers with: its rows run under `slot` of the shared backbone, its
+/// readout through its own head (and calibration), its prefix snapshots cached and pinned under its own
+/// identity, so a state run under one adapter never answers another.
+pub struct Adapter {
+    name: String,
+    slot: usize,
+    head: PointerHead,
+    model_id: u64,
+    info: Option<ModelInfo>,
+    calibration: Option<Arc<Calibration>>,
+}
+
+impl Adapter {
+    /// Its name (what a request's `model` selects it by).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its backbone slot ([`kev_engine::BatchRow::adapter`]).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Its pointer head.
+    pub fn head(&self) -> &PointerHead {
+        &self.head
+    }
+
+    /// What was loaded for it, if the loader said.
+    pub fn info(&self) -> Option<&ModelInfo> {
+        self.info.as_ref()
+    }
+}
+
+/// A further adapter for [`Kev::with_adapter`]: its name, backbone slot, head, calibration and identity.
+pub struct AdapterSpec {
+    /// The name requests select it by (`model`).
+    pub name: String,
+    /// The backbone slot its LoRA was added under ([`kev_engine::Backbone::add_adapter`]).
+    pub slot: usize,
+    /// Its pointer head.
+    pub head: PointerHead,
+    /// Its temperatures (`None`: its head's stored one).
+    pub calibration: Option<Arc<Calibration>>,
+    /// Identifies its weights, form and arm in cache keys (distinct from every other adapter's).
+    pub model_id: u64,
+    /// What was loaded, for its card.
+    pub info: Option<ModelInfo>,
+}
+
+/// The name the default adapter answers to when the front end gives it none.
+pub const DEFAULT_ADAPTER_NAME: &str = kev_contract::DEFAULT_MODEL;
+
+/// The decision service over one loaded backbone and its Kev adapters (one, unless the front end adds
+/// more: [`Kev::with_adapter`]); the first adapter is the default.
 pub struct Kev<B: Backend> {
     backend: B,
-    head: PointerHead,
+    adapters: Vec<Adapter>,
+    /// Further names of the default adapter (`kev-latest`, `jev-latest`, the size, aliases).
+    default_names: Vec<String>,
     tokenizer: KevTokenizer,
     settings: Settings,
     cache: PrefixCache<B::State>,
     pinned: PinnedStates<B::State>,
-    model_id: u64,
-    info: Option<ModelInfo>,
     rows: AtomicU64,
     passes: AtomicU64,
 }
@@ -236,38 +301,109 @@ impl<B: Backend> Kev<B> {
         let cache = PrefixCache::new(settings.cache_bytes);
         let pinned = PinnedStates::new(settings.pin_bytes);
         head.set_calibration(settings.calibration.clone());
+        let calibration = settings.calibration.clone();
         Kev {
             backend,
-            head,
+            adapters: vec![Adapter {
+                name: DEFAULT_ADAPTER_NAME.into(),
+                slot: 0,
+                head,
+                model_id,
+                info: None,
+                calibration,
+            }],
+            default_names: Vec::new(),
             tokenizer,
             settings,
             cache,
             pinned,
-            model_id,
-            info: None,
             rows: AtomicU64::new(0),
             passes: AtomicU64::new(0),
         }
     }
 
-    /// What was loaded ([`crate::load_cpu`] sets it), for the model card.
+    /// What was loaded ([`crate::load_cpu`] sets it), for the default adapter's model card.
     pub fn with_info(mut self, info: ModelInfo) -> Self {
-        self.info = Some(info);
+        self.adapters[0].info = Some(info);
         self
     }
 
-    /// What was loaded, if the loader said.
+    /// Name the default adapter (`name`, what requests select it by) and give it further names
+    /// (`aliases`: `kev-latest`, `jev-latest`, …) that select it too.
+    pub fn with_default_names(mut self, name: &str, aliases: &[String]) -> Self {
+        self.adapters[0].name = name.to_owned();
+        self.default_names = aliases.to_vec();
+        self
+    }
+
+    /// Answer requests whose `model` is `spec.name` with another adapter over the same backbone.
+    pub fn with_adapter(mut self, spec: AdapterSpec) -> Self {
+        let AdapterSpec {
+            name,
+            slot,
+            mut head,
+            calibration,
+            model_id,
+            info,
+        } = spec;
+        head.set_calibration(calibration.clone());
+        self.adapters.push(Adapter {
+            name,
+            slot,
+            head,
+            model_id,
+            info,
+            calibration,
+        });
+        self
+    }
+
+    /// The adapters, the default first.
+    pub fn adapters(&self) -> &[Adapter] {
+        &self.adapters
+    }
+
+    /// The adapter a request's `model` names: an adapter's own name, or one of the default's names; any other
+    /// name is the default adapter's (the name echoed, as Kev 1.0 does), or a 400 with
+    /// [`Settings::strict_models`].
+    pub fn resolve_model(&self, model: &str) -> Result<usize, Refusal> {
+        if let Some(i) = self.adapters.iter().position(|a| a.name == model) {
+            return Ok(i);
+        }
+        if self.settings.strict_models
+            && model != DEFAULT_ADAPTER_NAME
+            && !self.default_names.iter().any(|n| n == model)
+        {
+            return Err(Refusal::UnknownModel(model.to_owned()));
+        }
+        Ok(0)
+    }
+
+    /// What was loaded, if the loader said (the default adapter's).
     pub fn info(&self) -> Option<&ModelInfo> {
-        self.info.as_ref()
+        self.adapters[0].info.as_ref()
     }
 
     /// The `/v1/models` card fields other than `name` ([`ModelInfo::card`] with the settings in force): what
-    /// `kev serve`, `kev calibrate` and the Python package report.
+    /// `kev serve`, `kev calibrate` and the Python package report (the default adapter's).
     pub fn card(&self) -> Value {
-        match &self.info {
-            Some(info) => info.card(&self.settings),
+        self.adapter_card(0)
+    }
+
+    /// Adapter `i`'s card (its own head, calibration and files; the backbone and settings shared).
+    pub fn adapter_card(&self, i: usize) -> Value {
+        let a = &self.adapters[i];
+        let mut card = match &a.info {
+            Some(info) => info.card(&self.settings, a.calibration.as_deref()),
             None => ModelInfo::settings_card(&self.settings),
+        };
+        if self.adapters.len() > 1
+            && let Some(obj) = card.as_object_mut()
+        {
+            obj.insert("x_adapter".into(), Value::String(a.name.clone()));
+            obj.insert("x_default".into(), Value::Bool(i == 0));
         }
+        card
     }
 
     /// The backend.
@@ -280,9 +416,9 @@ impl<B: Backend> Kev<B> {
         &self.tokenizer
     }
 
-    /// The pointer head.
+    /// The pointer head (the default adapter's).
     pub fn head(&self) -> &PointerHead {
-        &self.head
+        &self.adapters[0].head
     }
 
     /// The settings in force.
@@ -401,6 +537,7 @@ impl<B: Backend> Kev<B> {
     }
 
     fn compile(&self, request: ValidRequest, tally: &mut Tally) -> Result<Job, Refusal> {
+        let adapter = self.resolve_model(request.model())?;
         let request = if self.settings.date_facts {
             request.with_date_facts()
         } else {
@@ -421,6 +558,7 @@ impl<B: Backend> Kev<B> {
             compiled,
             logits: false,
             pin: None,
+            adapter,
         })
     }
 
@@ -478,23 +616,32 @@ impl<B: Backend> Kev<B> {
         }
     }
 
-    /// The cached snapshot of exactly these state ids, if any (and caching is on).
-    pub(crate) fn cached(&self, ids: &[u32]) -> Option<Snapshot<B::State>> {
-        if let Some(s) = self.pinned.snapshot(ids) {
+    /// The adapter a job runs under.
+    pub(crate) fn adapter_of(&self, job: &Job) -> &Adapter {
+        &self.adapters[job.adapter]
+    }
+
+    /// The cached (or pinned) snapshot of exactly this job's state ids under its adapter, if any (and
+    /// caching is on).
+    pub(crate) fn cached(&self, job: &Job) -> Option<Snapshot<B::State>> {
+        let (model, ids) = (self.adapter_of(job).model_id, job.compiled.state_ids());
+        if let Some(s) = self.pinned.snapshot(model, ids) {
             return Some(s);
         }
         if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
-            self.cache.get(self.model_id, ids)
+            self.cache.get(model, ids)
         } else {
             None
         }
     }
 
-    /// Keep a prefix snapshot in the cache (if caching is on).
-    pub(crate) fn remember(&self, ids: &[u32], snapshot: &Snapshot<B::State>) {
+    /// Keep a job's prefix snapshot in the cache, under its adapter (if caching is on).
+    pub(crate) fn remember(&self, job: &Job, snapshot: &Snapshot<B::State>) {
         if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
             let bytes = self.backend.state_bytes(&snapshot.state);
-            self.cache.put(self.model_id, ids, snapshot.clone(), bytes);
+            let model = self.adapter_of(job).model_id;
+            self.cache
+                .put(model, job.compiled.state_ids(), snapshot.clone(), bytes);
         }
     }
 
@@ -545,6 +692,7 @@ impl<B: Backend> Kev<B> {
         let request = kev_contract::validate(Value::Object(request))?;
         let mut job = self.admit_request(request)?;
         self.pinned.reserve(
+            self.adapter_of(&job).model_id,
             id.to_owned(),
             owner.map(str::to_owned),
             state,

@@ -252,16 +252,18 @@ impl<B: Backend> Kev<B> {
             pieces.push(self.piece(g.task, g.tokens));
         }
 
-        // 2. Identical prefix pieces (same state ids, same span) run once; the twins copy the result.
-        let mut first_of: HashMap<(&[u32], usize, usize), usize> = HashMap::new();
+        // 2. Identical prefix pieces (same adapter, same state ids, same span) run once; the twins copy the
+        // result.
+        let mut first_of: HashMap<(usize, &[u32], usize, usize), usize> = HashMap::new();
         let mut twin: Vec<Option<usize>> = vec![None; grants.len()];
         for (i, piece) in pieces.iter().enumerate() {
             if let Piece::Prefix { from, to } = *piece {
-                let ids = grants[i].task.job().compiled().state_ids();
-                match first_of.get(&(ids, from, to)) {
+                let job = grants[i].task.job();
+                let key = (job.adapter(), job.compiled().state_ids(), from, to);
+                match first_of.get(&key) {
                     Some(&j) => twin[i] = Some(j),
                     None => {
-                        first_of.insert((ids, from, to), i);
+                        first_of.insert(key, i);
                     }
                 }
             }
@@ -273,6 +275,7 @@ impl<B: Backend> Kev<B> {
             grant: usize,
             tokens: Vec<u32>,
             wanted: Vec<usize>,
+            slot: usize,
         }
         let mut srcs: Vec<RowSrc> = Vec::new();
         let mut states: Vec<B::State> = Vec::new();
@@ -280,6 +283,7 @@ impl<B: Backend> Kev<B> {
             let task = &*grants[i].task;
             let compiled = task.job().compiled();
             let ids = compiled.state_ids();
+            let slot = self.adapter_of(task.job()).slot();
             match (*piece, &task.progress) {
                 (Piece::Prefix { from, to }, Progress::Prefix { state, .. })
                     if twin[i].is_none() =>
@@ -289,6 +293,7 @@ impl<B: Backend> Kev<B> {
                         grant: i,
                         tokens: ids[from..to].to_vec(),
                         wanted: Vec::new(),
+                        slot,
                     });
                 }
                 (Piece::Rows { from, to }, Progress::Branches { snapshot, .. }) => {
@@ -299,6 +304,7 @@ impl<B: Backend> Kev<B> {
                             grant: i,
                             tokens,
                             wanted,
+                            slot,
                         });
                     }
                 }
@@ -315,6 +321,7 @@ impl<B: Backend> Kev<B> {
                     state,
                     tokens: &s.tokens,
                     wanted: &s.wanted,
+                    adapter: s.slot,
                 })
                 .collect();
             self.count_pass(rows.len());
@@ -353,8 +360,9 @@ impl<B: Backend> Kev<B> {
                 Piece::Prefix { .. } => prefix_state[g] = Some(state),
                 Piece::Rows { from, .. } => {
                     // Rows run in question order from `from`: the calibration is chosen per question kind.
-                    let kind = grants[g].task.job().question_kind(from + rows_out[g].len());
-                    rows_out[g].push(self.head().readout(&h, kind));
+                    let job = grants[g].task.job();
+                    let kind = job.question_kind(from + rows_out[g].len());
+                    rows_out[g].push(self.adapter_of(job).head().readout(&h, kind));
                 }
                 Piece::Finished => {}
             }
@@ -372,7 +380,7 @@ impl<B: Backend> Kev<B> {
                             aligned: task.aligned,
                         };
                         if twin[i].is_none() {
-                            self.remember(task.job().compiled().state_ids(), &snapshot);
+                            self.remember(task.job(), &snapshot);
                         }
                         self.pin_if_asked(task.job(), &snapshot);
                         task.progress = Progress::Branches {
@@ -430,7 +438,7 @@ impl<B: Backend> Kev<B> {
             task.progress = branches(snapshot);
             return;
         }
-        task.progress = match self.cached(task.job().compiled().state_ids()) {
+        task.progress = match self.cached(task.job()) {
             Some(snapshot) => {
                 self.pin_if_asked(task.job(), &snapshot);
                 branches(snapshot)

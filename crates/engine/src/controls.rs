@@ -83,7 +83,7 @@ fn permute_rows(lin: &mut Linear, perm: &[usize]) {
         w[i * k..(i + 1) * k].copy_from_slice(&old[p * k..(p + 1) * k]);
     }
     lin.w = PackedMatrix::from_f32(n, k, &w);
-    for seg in &mut lin.loras {
+    for seg in lin.loras.iter_mut().flatten() {
         let bt_old = seg.b_t.clone();
         for i in 0..seg.n {
             let src = perm[seg.col + i] - seg.col;

@@ -30,6 +30,9 @@ pub struct BatchRow<'a, S = State> {
     pub tokens: &'a [u32],
     /// Indices into `tokens`, in the order the hidden rows are wanted.
     pub wanted: &'a [usize],
+    /// The adapter slot the row runs under (0: the one the model was loaded with; see
+    /// [`Backbone::add_adapter`]). A row's state must have been made under the same slot.
+    pub adapter: usize,
 }
 
 /// Check one row's inputs against the model (before anything is computed).
@@ -107,8 +110,7 @@ impl Backbone {
     /// per row; the GEMMs do not depend on the batch).
     fn mlp(
         &self,
-        arm: Arm,
-        observer: Observe<'_>,
+        (arm, observer, slots): (Arm, Observe<'_>, &[u16]),
         li: usize,
         m: usize,
         x: &mut [f32],
@@ -124,9 +126,11 @@ impl Backbone {
         let mut r0 = 0;
         while r0 < m {
             let rows = (m - r0).min(MLP_ROWS);
+            let row_slots = slots.get(r0..r0 + rows).unwrap_or(&[]);
             layer.gate_up.apply(
                 run,
                 observer,
+                row_slots,
                 Rows {
                     m: rows,
                     data: &hn[r0 * h..(r0 + rows) * h],
@@ -146,6 +150,7 @@ impl Backbone {
             layer.down.apply(
                 run,
                 observer,
+                row_slots,
                 Rows {
                     m: rows,
                     data: act,
@@ -179,6 +184,7 @@ impl Backbone {
             state,
             tokens,
             wanted,
+            adapter: 0,
         }];
         Ok(self
             .forward_batch(arm, &mut rows)?
@@ -207,6 +213,12 @@ impl Backbone {
         let cfg = &self.cfg;
         for r in rows.iter() {
             check_row(cfg, r.state, r.tokens, r.wanted)?;
+            if r.adapter >= self.slots {
+                return Err(EngineError::Input(format!(
+                    "adapter slot {} is not loaded ({} slots)",
+                    r.adapter, self.slots
+                )));
+            }
         }
         let kern: Kernels = self.kern;
         let run = Run { kern, arm };
@@ -262,6 +274,14 @@ impl Backbone {
         let act = grow(act, cap.min(MLP_ROWS) * lda);
 
         let ids: Vec<u32> = rows.iter().flat_map(|r| r.tokens.iter().copied()).collect();
+        // Each token's adapter slot, for the projections' low-rank updates (empty: all slot 0).
+        let slots: Vec<u16> = if rows.iter().any(|r| r.adapter != 0) {
+            rows.iter()
+                .flat_map(|r| std::iter::repeat_n(r.adapter as u16, r.tokens.len()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         x.par_chunks_mut(h)
             .zip(ids.par_iter())
             .for_each(|(row, &id)| {
@@ -276,6 +296,7 @@ impl Backbone {
                     g.in_proj.apply(
                         run,
                         observer,
+                        &slots,
                         Rows {
                             m: tot,
                             data: hn,
@@ -328,6 +349,7 @@ impl Backbone {
                     at.qkv.apply(
                         run,
                         observer,
+                        &slots,
                         Rows {
                             m: tot,
                             data: hn,
@@ -375,6 +397,7 @@ impl Backbone {
                 oproj.apply(
                     run,
                     observer,
+                    &slots,
                     Rows {
                         m: tot,
                         data: core,
@@ -383,12 +406,22 @@ impl Backbone {
                     RowsMut { data: out, ld: h },
                 );
                 add_rows(&mut x[..tot * h], &out[..tot * h]);
-                self.mlp(arm, observer, li, tot, x, MlpBufs { hn, gu, act, out });
+                self.mlp(
+                    (arm, observer, &slots),
+                    li,
+                    tot,
+                    x,
+                    MlpBufs { hn, gu, act, out },
+                );
             } else {
                 // Past the last mixer only the wanted positions matter: finish those rows alone
                 // (every step from here is per token, so the values are the same bits).
                 let mut ms = 0;
+                let mut last_slots: Vec<u16> = Vec::new();
                 for (ri, r) in rows.iter().enumerate() {
+                    if !slots.is_empty() {
+                        last_slots.extend(std::iter::repeat_n(r.adapter as u16, r.wanted.len()));
+                    }
                     for &w in r.wanted {
                         let t = offs[ri] + w;
                         proj[ms * ldc..ms * ldc + cw].copy_from_slice(&core[t * ldc..t * ldc + cw]);
@@ -400,6 +433,7 @@ impl Backbone {
                 oproj.apply(
                     run,
                     observer,
+                    &last_slots,
                     Rows {
                         m: ms,
                         data: proj,
@@ -408,7 +442,13 @@ impl Backbone {
                     RowsMut { data: out, ld: h },
                 );
                 add_rows(&mut x[..ms * h], &out[..ms * h]);
-                self.mlp(arm, observer, li, ms, x, MlpBufs { hn, gu, act, out });
+                self.mlp(
+                    (arm, observer, &last_slots),
+                    li,
+                    ms,
+                    x,
+                    MlpBufs { hn, gu, act, out },
+                );
             }
         }
 

@@ -43,7 +43,9 @@ pub(crate) struct LoraSeg {
 #[derive(Debug)]
 pub(crate) struct Linear {
     pub w: PackedMatrix,
-    pub loras: Vec<LoraSeg>,
+    /// The LoRA segments of each adapter slot (slot `a` at `loras[a]`; a slot past the end adapts nothing
+    /// here). Slot 0 is the adapter the model was loaded with; [`Backbone::add_adapter`] adds the others.
+    pub loras: Vec<Vec<LoraSeg>>,
     /// How the int8 arm computes this projection, chosen at load (`quantize_int8`, `load_int8`).
     pub island: Island,
     /// Output rows `[n − t, n)` the int8 arm computes in fp32 from this copy (`t` = its rows): the GDN
@@ -66,7 +68,17 @@ pub(crate) enum Island {
 impl Linear {
     /// `out[:, :n] = x · Wᵀ + Σ_seg (x·Aᵀ·Bᵀ)·s` over the `x.m` rows; `observer`, when a forward carries one
     /// (int8 calibration), records the rows' per-input magnitudes first.
-    pub fn apply(&self, run: Run, observer: Observe<'_>, x: Rows<'_>, out: RowsMut<'_>) {
+    ///
+    /// `slots` names each row's adapter slot (empty: every row is slot 0); a row gets only its own
+    /// adapter's low-rank update, so rows of different adapters share the base product and nothing else.
+    pub fn apply(
+        &self,
+        run: Run,
+        observer: Observe<'_>,
+        slots: &[u16],
+        x: Rows<'_>,
+        out: RowsMut<'_>,
+    ) {
         let Run { kern, arm } = run;
         let Rows {
             m,
@@ -126,18 +138,32 @@ impl Linear {
                 out[i * ldo + c0..i * ldo + c0 + nt].copy_from_slice(&buf[i * nt..(i + 1) * nt]);
             }
         }
-        if self.loras.is_empty() {
+        if self.loras.iter().all(Vec::is_empty) {
             return;
         }
-        // Row blocks in parallel; each computes t = x·Aᵀ, u = t·Bᵀ and adds u·s (PEFT: result +
-        // lora_B(lora_A(x)) * scaling, the product rounded before the sum). Rows never interact.
+        debug_assert!(slots.is_empty() || slots.len() >= m);
+        let slot_of = |i: usize| slots.get(i).copied().unwrap_or(0) as usize;
+        // Row blocks in parallel, each cut where the adapter changes; each computes t = x·Aᵀ, u = t·Bᵀ
+        // and adds u·s (PEFT: result + lora_B(lora_A(x)) * scaling, the product rounded before the sum).
+        // Rows never interact, so a row's bits do not depend on the block it lands in.
         const ROWS: usize = 32;
+        let mut blocks: Vec<(usize, usize, usize)> = Vec::with_capacity(m.div_ceil(ROWS));
+        let mut i0 = 0;
+        while i0 < m {
+            let slot = slot_of(i0);
+            let mut end = i0 + 1;
+            while end < m && end - i0 < ROWS && slot_of(end) == slot {
+                end += 1;
+            }
+            if self.loras.get(slot).is_some_and(|s| !s.is_empty()) {
+                blocks.push((i0, end - i0, slot));
+            }
+            i0 = end;
+        }
         let op = SendPtr(out.as_mut_ptr());
         let olen = out.len();
-        (0..m.div_ceil(ROWS)).into_par_iter().for_each(|blk| {
-            let i0 = blk * ROWS;
-            let rows = (m - i0).min(ROWS);
-            for seg in &self.loras {
+        blocks.into_par_iter().for_each(|(i0, rows, slot)| {
+            for seg in &self.loras[slot] {
                 with_tls(rows * (seg.r + seg.n), |buf| {
                     let (t, u) = buf.split_at_mut(rows * seg.r);
                     matmul::matmul(
@@ -164,7 +190,7 @@ impl Linear {
                     for r in 0..rows {
                         let off = (i0 + r) * ldo + seg.col;
                         debug_assert!(off + seg.n <= olen);
-                        // SAFETY: block `blk` writes only its own rows i0..i0+rows of `out`.
+                        // SAFETY: each block writes only its own rows i0..i0+rows of `out`.
                         let o = unsafe { std::slice::from_raw_parts_mut(op.get().add(off), seg.n) };
                         for (oj, uj) in o.iter_mut().zip(&u[r * seg.n..(r + 1) * seg.n]) {
                             *oj += *uj * seg.scale;
@@ -284,6 +310,11 @@ pub struct Backbone {
     pub(crate) inv_freq: Vec<f32>,
     /// Activation buffers, reused across calls (one per concurrent call).
     pub(crate) pool: std::sync::Mutex<Vec<crate::scratch::Workspace>>,
+    /// Adapter slots a row may name ([`crate::BatchRow::adapter`]): 1 plus those [`Backbone::add_adapter`]
+    /// added.
+    pub(crate) slots: usize,
+    /// Whether an adapter was merged into the weights at load (then no other adapter can share them).
+    pub(crate) merged_adapter: bool,
 }
 
 impl Backbone {
@@ -368,6 +399,8 @@ impl Backbone {
             kern,
             inv_freq,
             pool: std::sync::Mutex::new(Vec::new()),
+            slots: 1,
+            merged_adapter: merge && w.has_lora(),
         })
     }
 
@@ -396,6 +429,7 @@ impl Backbone {
                 + l.w.int8_bytes()
                 + l.loras
                     .iter()
+                    .flatten()
                     .map(|s| 4 * (s.a_t.len() + s.b_t.len()))
                     .sum::<usize>()
         };
@@ -440,16 +474,93 @@ impl Backbone {
         lins.iter().map(|l| l.w.int8().bytes()).sum()
     }
 
+    /// Adapter slots rows may name: slot 0 (the adapter loaded with the weights, or none) and one per
+    /// [`Backbone::add_adapter`].
+    pub fn adapter_slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Serve one more Kev adapter over these weights, unmerged, in fp32 (the `exact` form's arithmetic):
+    /// rows that name the returned slot get its low-rank updates, every other row is untouched. The base
+    /// weights are shared, so an adapter costs only its own tensors. Refused when the loaded weights hold a
+    /// merged adapter, or when a module of `adapter` does not fit the base (named).
+    pub fn add_adapter(&mut self, mut adapter: LoraAdapter) -> Result<usize, EngineError> {
+        if self.merged_adapter {
+            return Err(EngineError::Adapter(
+                "these weights hold a merged adapter: several adapters need the base weights with every \
+                 adapter unmerged (the exact form)"
+                    .into(),
+            ));
+        }
+        let slot = u16::try_from(self.slots)
+            .map_err(|_| EngineError::Adapter("too many adapters (65,536 slots)".into()))?
+            as usize;
+        let cfg = self.cfg.clone();
+        let mut built: Vec<Vec<Vec<LoraSeg>>> = Vec::with_capacity(self.layers.len());
+        for (li, layer) in self.layers.iter_mut().enumerate() {
+            let mut per = Vec::new();
+            for (lin, parts) in layer.fused_mut(&cfg) {
+                let k = lin.w.k();
+                let mut segs = Vec::new();
+                let mut col = 0;
+                for (module, n) in parts {
+                    if let Some(pair) = adapter.take(li, module) {
+                        if pair.k != k || pair.n != n {
+                            return Err(EngineError::Adapter(format!(
+                                "layers.{li}.{module}: the adapter maps {} → {} but the base module maps {k} → {n}",
+                                pair.k, pair.n
+                            )));
+                        }
+                        segs.push(seg(&pair, col, n, k));
+                    }
+                    col += n;
+                }
+                per.push(segs);
+            }
+            built.push(per);
+        }
+        if let Some((layer, module)) = adapter.modules.keys().next() {
+            return Err(EngineError::Adapter(format!(
+                "layers.{layer}.{module}: the adapter adapts a module the base does not have"
+            )));
+        }
+        for (layer, per) in self.layers.iter_mut().zip(built) {
+            for ((lin, _), segs) in layer.fused_mut(&cfg).into_iter().zip(per) {
+                lin.loras.resize_with(slot, Vec::new);
+                lin.loras.push(segs);
+            }
+        }
+        self.slots += 1;
+        Ok(slot)
+    }
+
+    /// Bytes of adapter slot `slot`'s unmerged LoRA tensors (0 for a slot with none).
+    pub fn adapter_bytes(&self, slot: usize) -> usize {
+        self.projections()
+            .iter()
+            .filter_map(|(_, l, _)| l.loras.get(slot))
+            .flatten()
+            .map(|s| 4 * (s.a_t.len() + s.b_t.len()))
+            .sum()
+    }
+
+    /// [`Backbone::add_adapter`] for the PEFT adapter in `adapter_dir`, read (and checked against the
+    /// base checkpoint `base_dir` these weights came from) as [`LoraAdapter::from_release`] reads it.
+    pub fn attach_adapter(
+        &mut self,
+        base_dir: &Path,
+        adapter_dir: &Path,
+    ) -> Result<usize, EngineError> {
+        let store = TensorStore::open(base_dir)?;
+        let adapter = LoraAdapter::from_release(adapter_dir, &store)?;
+        self.add_adapter(adapter)
+    }
+
     /// Whether a LoRA is applied unmerged (the `exact` form).
     pub fn has_lora(&self) -> bool {
-        self.layers.iter().any(|l| {
-            !l.gate_up.loras.is_empty()
-                || !l.down.loras.is_empty()
-                || match &l.mixer {
-                    Mixer::Gdn(g) => !g.in_proj.loras.is_empty() || !g.out_proj.loras.is_empty(),
-                    Mixer::Attn(a) => !a.qkv.loras.is_empty() || !a.o_proj.loras.is_empty(),
-                }
-        })
+        self.projections()
+            .iter()
+            .any(|(_, l, _)| l.loras.iter().any(|s| !s.is_empty()))
     }
 }
 
@@ -467,6 +578,56 @@ pub(crate) fn rope_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
 /// `1 + w` in f32 for an `x·(1+w)` RMSNorm.
 pub(crate) fn norm1p(t: &Tensor<'_>) -> Vec<f32> {
     t.to_f32().into_iter().map(|w| 1.0 + w).collect()
+}
+
+impl Layer {
+    /// Each fused projection with its checkpoint modules (as [`crate::lora::TARGETS`] names them) and their
+    /// output widths, in the order [`pack_layer`] stacks them.
+    pub(crate) fn fused_mut(
+        &mut self,
+        c: &Qwen35Config,
+    ) -> Vec<(&mut Linear, Vec<(&'static str, usize)>)> {
+        let mut out: Vec<(&mut Linear, Vec<(&'static str, usize)>)> = Vec::with_capacity(4);
+        match &mut self.mixer {
+            Mixer::Gdn(g) => {
+                let nv = c.linear_num_value_heads;
+                out.push((
+                    &mut g.in_proj,
+                    vec![
+                        ("linear_attn.in_proj_qkv", c.conv_dim()),
+                        ("linear_attn.in_proj_z", c.value_dim()),
+                        ("linear_attn.in_proj_b", nv),
+                        ("linear_attn.in_proj_a", nv),
+                    ],
+                ));
+                out.push((
+                    &mut g.out_proj,
+                    vec![("linear_attn.out_proj", c.hidden_size)],
+                ));
+            }
+            Mixer::Attn(a) => {
+                let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+                out.push((
+                    &mut a.qkv,
+                    vec![
+                        ("self_attn.q_proj", 2 * nh * hd),
+                        ("self_attn.k_proj", nkv * hd),
+                        ("self_attn.v_proj", nkv * hd),
+                    ],
+                ));
+                out.push((&mut a.o_proj, vec![("self_attn.o_proj", c.hidden_size)]));
+            }
+        }
+        out.push((
+            &mut self.gate_up,
+            vec![
+                ("mlp.gate_proj", c.intermediate_size),
+                ("mlp.up_proj", c.intermediate_size),
+            ],
+        ));
+        out.push((&mut self.down, vec![("mlp.down_proj", c.hidden_size)]));
+        out
+    }
 }
 
 /// Pack one decoder layer of the tree.
@@ -519,7 +680,7 @@ fn pack_layer(
 /// each LoRA merged into its part or kept as a segment over the part's columns.
 fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linear, EngineError> {
     let k = parts[0].cols();
-    let mut loras = Vec::new();
+    let mut segs = Vec::new();
     let mut merged: Vec<Option<Vec<u16>>> = Vec::with_capacity(parts.len());
     let mut col = 0;
     for p in parts {
@@ -528,7 +689,7 @@ fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linea
         } else {
             merged.push(None);
             if let Some(pair) = &p.lora {
-                loras.push(seg(pair, col, p.rows(), k));
+                segs.push(seg(pair, col, p.rows(), k));
             }
         }
         col += p.rows();
@@ -551,7 +712,7 @@ fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linea
     }
     Ok(Linear {
         w: m,
-        loras,
+        loras: vec![segs],
         island: Default::default(),
         float_tail: Default::default(),
     })

@@ -69,6 +69,8 @@ struct EngineOptions {
     max_questions: Option<usize>,
     max_options: Option<usize>,
     max_input_tokens: Option<usize>,
+    adapters: Option<Vec<(String, PathBuf)>>,
+    strict_models: bool,
 }
 
 #[pymethods]
@@ -90,13 +92,25 @@ impl Engine {
             max_questions,
             max_options,
             max_input_tokens,
+            adapters,
+            strict_models,
         } = options;
-        let source = match (model_dir, base, kev) {
-            (Some(dir), None, None) => Source::Prepared(dir),
-            (None, Some(base), Some(kev)) => Source::Release { base, kev },
+        let adapters: Vec<kev_decide::AdapterDir> = adapters
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, dir)| kev_decide::AdapterDir { name, dir })
+            .collect();
+        let source = match (model_dir, base, kev, adapters.first()) {
+            (Some(dir), None, None, None) => Source::Prepared(dir),
+            (None, Some(base), Some(kev), None) => Source::Release { base, kev },
+            (None, Some(base), None, Some(first)) => Source::Release {
+                base,
+                kev: first.dir.clone(),
+            },
             _ => {
                 return Err(PyValueError::new_err(
-                    "name a model: model_dir=DIR (prepared by `kev prepare`), or base=DIR and kev=DIR (release)",
+                    "name a model: model_dir=DIR (prepared by `kev prepare`), or base=DIR with kev=DIR or \
+                     adapters={name: DIR, ...} (release)",
                 ));
             }
         };
@@ -132,6 +146,7 @@ impl Engine {
             cache_bytes: cache_bytes.unwrap_or_else(kev_decide::load::default_cache_bytes),
             date_facts,
             calibration,
+            strict_models,
             ..defaults
         };
         let pool = match threads {
@@ -149,13 +164,21 @@ impl Engine {
             arm,
             settings,
         };
+        let more = adapters.get(1..).unwrap_or(&[]);
+        let load = || kev_decide::load_cpu_adapters(&spec, more);
         let loaded = py.detach(|| match &pool {
-            Some(p) => p.install(|| kev_decide::load_cpu(&spec)),
-            None => kev_decide::load_cpu(&spec),
+            Some(p) => p.install(load),
+            None => load(),
         });
         let (kev, _info) = loaded.map_err(|e| {
             PyRuntimeError::new_err(format!("loading {}: {e}", describe(&spec.source)))
         })?;
+        let kev = match adapters.first() {
+            Some(first) => {
+                kev.with_default_names(&first.name, &[CARD_NAME.into(), "jev-latest".into()])
+            }
+            None => kev,
+        };
         let mut card = serde_json::Map::new();
         card.insert("name".into(), Value::String(CARD_NAME.into()));
         if let Value::Object(fields) = kev.card() {

@@ -294,7 +294,7 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
 )]
 async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     let card = app.decider.model_card();
-    let models: Vec<Value> = app
+    let mut models: Vec<Value> = app
         .config
         .model_names
         .iter()
@@ -309,6 +309,24 @@ async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
             Value::Object(c)
         })
         .collect();
+    // With several adapters, each is listed under its own name with its own card (the default's names
+    // above carry the default's card).
+    let adapters = app.decider.adapter_cards();
+    if adapters.len() > 1 {
+        for (name, card) in adapters {
+            if app.config.model_names.contains(&name) {
+                continue;
+            }
+            let mut c = serde_json::Map::new();
+            c.insert("name".into(), json!(name));
+            if let Some(obj) = card.as_object() {
+                for (k, v) in obj {
+                    c.insert(k.clone(), v.clone());
+                }
+            }
+            models.push(Value::Object(c));
+        }
+    }
     json_response(StatusCode::OK, &json!({ "models": models }))
 }
 

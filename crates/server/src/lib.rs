@@ -116,6 +116,12 @@ pub trait Decider: Send + Sync + 'static {
         false
     }
 
+    /// One `(name, card)` per adapter served over the backbone, the default first (`/v1/models` lists each
+    /// under its own name). The default: none beyond [`Decider::model_card`].
+    fn adapter_cards(&self) -> Vec<(String, Value)> {
+        Vec::new()
+    }
+
     /// What the job has left.
     fn need(&self, job: &Self::Job) -> Need;
 

@@ -48,6 +48,14 @@ fn describe() {
         "Wall time of the engine pass that answered a decision"
     );
     describe_counter!(
+        "kev_adapter_requests_total",
+        "Decision requests admitted, by the adapter that answers them (the request's `model`)"
+    );
+    describe_counter!(
+        "kev_adapter_input_tokens_total",
+        "Input tokens of admitted decision requests, by adapter"
+    );
+    describe_counter!(
         "kev_input_tokens_total",
         "Input tokens of answered decisions (state once + every branch)"
     );

@@ -353,6 +353,9 @@ fn describe(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::Unparseable => "The body could not be parsed at all",
         ErrorKind::BadBody => "The body could not be read or decoded (Content-Encoding)",
+        ErrorKind::UnknownModel => {
+            "`model` names no served adapter (api_usage_error; only with --strict-models)"
+        }
         ErrorKind::AuthInvalid => "Wrong API key (authentication_error)",
         ErrorKind::AuthMissing => "Missing API key (authentication_error)",
         ErrorKind::NotFound => "No such route",
@@ -401,6 +404,8 @@ fn error_example(kind: ErrorKind) -> Value {
             "the request body is not valid gzip data (content-encoding)",
         )
         .body(),
+        // Written by kev-decide (the server does not know the adapters).
+        ErrorKind::UnknownModel => typed("Unknown model: kev-nonexistent"),
         ErrorKind::AuthInvalid => ApiError::auth_invalid().body(),
         ErrorKind::AuthMissing => ApiError::auth_missing().body(),
         ErrorKind::NotFound => ApiError::not_found().body(),

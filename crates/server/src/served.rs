@@ -10,6 +10,22 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::{Admission, Decider, Need, Stats, Step};
 
+/// An admitted job as the queue takes it, counted under its adapter
+/// (`kev_adapter_requests_total{adapter}`, `kev_adapter_input_tokens_total{adapter}`).
+fn admission<B>(kev: &Kev<B>, job: kev_decide::Job) -> Admission<Task<B::State>>
+where
+    B: Backend,
+{
+    let tokens = job.tokens();
+    let name = kev.adapters()[job.adapter()].name().to_owned();
+    metrics::counter!("kev_adapter_requests_total", "adapter" => name.clone()).increment(1);
+    metrics::counter!("kev_adapter_input_tokens_total", "adapter" => name).increment(tokens as u64);
+    Admission {
+        tokens,
+        job: kev.task(job),
+    }
+}
+
 /// The warm-up decision `/ready` waits for: one question of each kind, answered through the served path.
 pub const WARM_UP_REQUEST: &[u8] = br#"{"state":"Warm-up: the engine answers one real decision before it is ready.","questions":{"ready":{"type":"noul","instructions":"Is the engine ready?"},"kind":{"type":"choice","instructions":"Which kind of text is this?","criteria":{"notice":null,"question":null}},"level":{"type":"score","instructions":"How formal is it?","criteria":["casual","neutral","formal"]}}}"#;
 
@@ -22,21 +38,12 @@ where
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError> {
         let job = Kev::admit(self, body).map_err(|r| ApiError::from_wire(&r))?;
-        Ok(Admission {
-            tokens: job.tokens(),
-            job: self.task(job),
-        })
+        Ok(admission(self, job))
     }
 
     fn admit_parts(&self, bodies: &[Vec<u8>]) -> Result<Vec<Admission<Self::Job>>, ApiError> {
         let jobs = Kev::admit_parts(self, bodies).map_err(|r| ApiError::from_wire(&r))?;
-        Ok(jobs
-            .into_iter()
-            .map(|job| Admission {
-                tokens: job.tokens(),
-                job: self.task(job),
-            })
-            .collect())
+        Ok(jobs.into_iter().map(|job| admission(self, job)).collect())
     }
 
     fn admit_batch(
@@ -48,10 +55,7 @@ where
             .into_iter()
             .map(|admitted| {
                 admitted
-                    .map(|job| Admission {
-                        tokens: job.tokens(),
-                        job: self.task(job),
-                    })
+                    .map(|job| admission(self, job))
                     .map_err(|r| ApiError::from_wire(&r))
             })
             .collect())
@@ -138,6 +142,12 @@ where
 
     fn model_card(&self) -> Value {
         self.card()
+    }
+
+    fn adapter_cards(&self) -> Vec<(String, Value)> {
+        (0..self.adapters().len())
+            .map(|i| (self.adapters()[i].name().to_owned(), self.adapter_card(i)))
+            .collect()
     }
 
     fn output_tokens(&self, answers: &Value) -> Option<usize> {

@@ -103,6 +103,8 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         });
     }
     let names = model_names(&info.base, args.demo, &args.aliases);
+    let default_name = kev.adapters()[0].name().to_owned();
+    kev = kev.with_default_names(&default_name, &names);
     let config = ServerConfig {
         addr: SocketAddr::new(args.host, args.port),
         api_key,

@@ -47,6 +47,13 @@ struct Served {
 
 impl Served {
     fn start(extra: &[&str]) -> Served {
+        let mut args = vec!["--demo"];
+        args.extend_from_slice(extra);
+        Self::serve(&args)
+    }
+
+    /// `kev serve ARGS --port P` (the demo directory set to the random fixture release).
+    fn serve(args: &[&str]) -> Served {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -55,8 +62,9 @@ impl Served {
         // The demo is kev-mini; these tests' data come from the random fixture release.
         let child = kev()
             .env("KEV_DEMO_DIR", fixtures().join("release"))
-            .args(["serve", "--demo", "--port", &port.to_string()])
-            .args(extra)
+            .arg("serve")
+            .args(args)
+            .args(["--port", &port.to_string()])
             .stdout(Stdio::null())
             .spawn()
             .unwrap();
@@ -1064,4 +1072,117 @@ fn a_pinned_state_runs_only_the_questions_and_belongs_to_its_key() {
     );
     assert_eq!(metric_value(&s, "kev_pinned_states"), 0.0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// kev-mini's base with three adapters (`fixtures/mini/adapters`): `/v1/models` lists each, `model` picks
+/// one (a batch may mix them; each entry answers as it does alone), `--strict-models` refuses other names,
+/// `/metrics` counts per adapter, and a directory that does not fit the base stops the start naming it.
+#[test]
+fn several_adapters_over_one_base_are_chosen_by_model() {
+    let mini = fixtures().join("mini");
+    let arg = |name: &str, dir: PathBuf| format!("{name}={}", dir.display());
+    let adapters = [
+        arg("kev", mini.join("kev")),
+        arg("support", mini.join("adapters/support")),
+        arg("ops", mini.join("adapters/ops")),
+    ];
+    let base = mini.join("base").display().to_string();
+    let s = Served::serve(&[
+        "--base",
+        &base,
+        "--adapter",
+        &adapters[0],
+        "--adapter",
+        &adapters[1],
+        "--adapter",
+        &adapters[2],
+        "--default-adapter",
+        "support",
+        "--strict-models",
+    ]);
+    let (st, models) = call(&s, "GET", "/v1/models", None, None);
+    assert_eq!(st, 200);
+    let cards = models["models"].as_array().unwrap();
+    let by_name = |n: &str| {
+        cards
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap_or_else(|| panic!("{n} not listed: {models}"))
+            .clone()
+    };
+    assert_eq!(by_name("kev-latest")["x_adapter"], "support");
+    assert_eq!(by_name("support")["x_default"], true);
+    assert_eq!(by_name("ops")["x_adapter"], "ops");
+    assert_eq!(by_name("kev")["x_default"], false);
+    assert!(by_name("ops")["x_adapter_bytes"].as_u64().unwrap() > 0);
+
+    let body = |model: &str| {
+        json!({"model": model, "state": "Hello, the invoice for order #4380 charges me twice. I want my money back. - Sam",
+               "questions": {"refund": {"type": "noul", "instructions": "Is a refund requested?"},
+                             "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
+                                      "criteria": {"Billing": null, "Sales": null, "Shipping": null}}}})
+    };
+    let mut answers = Vec::new();
+    for model in ["support", "ops", "kev", "kev-latest"] {
+        let (st, v) = call(&s, "POST", "/v1/systemone", None, Some(&body(model)));
+        assert_eq!(st, 200, "{model}: {v}");
+        assert_eq!(v["model"], model);
+        answers.push(v["answers"].clone());
+    }
+    assert_ne!(answers[0], answers[1], "support and ops answer alike");
+    assert_ne!(answers[1], answers[2], "ops and kev answer alike");
+    assert_eq!(
+        answers[3], answers[0],
+        "kev-latest is the default adapter, support"
+    );
+
+    // A batch mixing adapters: each entry as it is answered alone.
+    let batch = json!({"requests": [body("ops"), body("support"), body("kev"), body("ops")]});
+    let (st, v) = call(&s, "POST", "/v1/systemone/batch", None, Some(&batch));
+    assert_eq!(st, 200, "{v}");
+    let got: Vec<Value> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["answers"].clone())
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            answers[1].clone(),
+            answers[0].clone(),
+            answers[2].clone(),
+            answers[1].clone()
+        ]
+    );
+
+    let (st, v) = call(&s, "POST", "/v1/systemone", None, Some(&body("kev-9b")));
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["detail"]["error_type"], "api_usage_error");
+    assert_eq!(v["detail"]["message"], "Unknown model: kev-9b");
+
+    let ops = metric_value(&s, "kev_adapter_requests_total{adapter=\"ops\"}");
+    assert!(ops >= 3.0, "ops requests counted: {ops}");
+    drop(s);
+
+    // An adapter made for another base stops the start, naming it and the tensor.
+    let out = kev()
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--base",
+            &base,
+            "--adapter",
+            &adapters[0],
+        ])
+        .args(["--adapter", &arg("wrong", fixtures().join("release/kev"))])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("adapter wrong") && err.contains("layers."),
+        "{err}"
+    );
 }

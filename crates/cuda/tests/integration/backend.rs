@@ -46,6 +46,7 @@ fn run<B: Backend>(b: &B, st: &mut B::State, tokens: &[u32], wanted: &[usize]) -
         state: st,
         tokens,
         wanted,
+        adapter: 0,
     }];
     b.forward(&mut rows).unwrap().pop().unwrap()
 }

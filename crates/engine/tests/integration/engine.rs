@@ -311,6 +311,7 @@ fn batched_rows_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
                 state: s,
                 tokens: &r.1,
                 wanted: &r.2,
+                adapter: 0,
             })
             .collect();
         let got = m.forward_batch(arm, &mut batch).unwrap();
@@ -354,6 +355,7 @@ fn mlp_passes_do_not_change_a_row() {
                     state: s,
                     tokens: t,
                     wanted: w,
+                    adapter: 0,
                 })
                 .collect();
             let got = m.forward_batch(arm, &mut batch).unwrap();
@@ -446,11 +448,13 @@ fn int8_plans_do_not_depend_on_batch_or_threads() {
                         state: &mut sa,
                         tokens: &ta,
                         wanted: &wa,
+                        adapter: 0,
                     },
                     BatchRow {
                         state: &mut sb,
                         tokens: &tb,
                         wanted: &wb,
+                        adapter: 0,
                     },
                 ],
             )
@@ -503,6 +507,7 @@ fn cpu_backend_runs_rows_through_the_trait() {
             state: &mut s,
             tokens: &toks,
             wanted: &[39],
+            adapter: 0,
         }])
         .unwrap();
     assert_eq!(be.position(&s), 40);
