@@ -227,6 +227,8 @@ async fn bearer_key(
         Err(e) => {
             metrics::counter!("kev_key_requests_total", "key" => name, "status" => "429")
                 .increment(1);
+            // Refused before the body was read: the body is read and thrown away while the 429 goes out.
+            crate::pipeline::discard_in_background(req.into_body(), 8 << 20);
             return error_response(e, &rid);
         }
     };
@@ -283,6 +285,20 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// The process's resident and peak resident bytes (`VmRSS`, `VmHWM` of /proc/self/status; Linux only).
+fn process_memory() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// The model names the server answers to
@@ -388,7 +404,24 @@ async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     responses((status = 200, description = "Prometheus text exposition format", body = String,
         content_type = "text/plain; version=0.0.4", example = json!("kev_engine_passes_total 12\n"))),
 )]
-async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
+async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: HeaderMap) -> Response {
+    if let Some(key) = &app.config.metrics_key {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            None => return error_response(ApiError::auth_missing(), &request_id(&headers)),
+            Some(k) if !crate::keys::Keys::same_secret(k.as_bytes(), key.as_bytes()) => {
+                return error_response(ApiError::auth_invalid(), &request_id(&headers));
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some((rss, peak)) = process_memory() {
+        metrics::gauge!("kev_process_resident_bytes").set(rss as f64);
+        metrics::gauge!("kev_process_peak_resident_bytes").set(peak as f64);
+    }
     let s = app.decider.stats();
     metrics::counter!("kev_engine_rows_total").absolute(s.rows);
     metrics::counter!("kev_engine_passes_total").absolute(s.passes);

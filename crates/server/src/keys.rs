@@ -367,6 +367,11 @@ impl Keys {
         Ok(n)
     }
 
+    /// Whether `given` is `secret`, in constant time (the `/metrics` key).
+    pub fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+        bool::from(given.ct_eq(secret))
+    }
+
     /// The key whose secret `given` is, compared in constant time with every key (no early exit).
     pub fn find(&self, given: &[u8]) -> Option<Arc<Key>> {
         let current = Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()));

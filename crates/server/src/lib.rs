@@ -192,6 +192,18 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Model names listed by `/v1/models` (the first is the default, `kev-latest`).
     pub model_names: Vec<String>,
+    /// Longest the drain after SIGTERM may take: connections still open then (a client that never finishes
+    /// its body, a long request) are closed and the process exits, before the usual 30 s grace of a process
+    /// manager runs out.
+    pub drain_timeout: Duration,
+    /// A bearer key `/metrics` asks for (`None`: open, as `/health` is).
+    pub metrics_key: Option<String>,
+    /// The slowest a decision request's body may arrive once `body_grace` has passed, in bytes per second
+    /// on average (0: no floor, only `body_read_timeout`): a client dribbling its body holds its queue slot
+    /// about `body_grace`, not the whole body timeout.
+    pub min_body_rate: usize,
+    /// How long a body may take before the rate floor applies.
+    pub body_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -213,6 +225,10 @@ impl Default for ServerConfig {
             max_body: 8 << 20,
             request_timeout: Duration::from_secs(300),
             model_names: vec!["kev-latest".into(), "jev-latest".into()],
+            drain_timeout: Duration::from_secs(25),
+            metrics_key: None,
+            min_body_rate: 16 << 10,
+            body_grace: Duration::from_secs(1),
         }
     }
 }
@@ -414,8 +430,39 @@ async fn accept_loop<D: Decider>(
         });
     }
     app.start_draining();
+    // While open connections drain, new ones are still accepted and answered (503 `unavailable_error` from
+    // every decision route, no keep-alive) rather than refused at TCP; past the drain deadline whatever is
+    // still open is closed.
+    let mut draining_builder = builder.clone();
+    draining_builder.keep_alive(false);
+    let deadline = tokio::time::sleep(app.config.drain_timeout);
+    let drained = graceful.shutdown();
+    tokio::pin!(deadline, drained);
+    loop {
+        tokio::select! {
+            _ = &mut drained => {
+                tracing::info!("drained: every accepted request was answered");
+                break;
+            }
+            _ = &mut deadline => {
+                tracing::warn!(
+                    drain_timeout_s = app.config.drain_timeout.as_secs_f64(),
+                    "drain deadline passed: closing the connections still open"
+                );
+                break;
+            }
+            r = listener.accept() => {
+                if let Ok((stream, _)) = r {
+                    let service = TowerToHyperService::new(router.clone());
+                    let conn = draining_builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+                    });
+                }
+            }
+        }
+    }
     drop(listener);
-    graceful.shutdown().await;
 }
 
 #[cfg(unix)]

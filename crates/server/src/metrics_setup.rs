@@ -132,4 +132,14 @@ fn describe() {
         "The pinned states' byte budget"
     );
     describe_gauge!("kev_ready", "1 once the warm-up decision succeeded");
+    describe_gauge!(
+        "kev_process_resident_bytes",
+        Unit::Bytes,
+        "Resident memory of the server process (VmRSS), read at each scrape"
+    );
+    describe_gauge!(
+        "kev_process_peak_resident_bytes",
+        Unit::Bytes,
+        "Peak resident memory of the server process since start (VmHWM)"
+    );
 }

@@ -108,7 +108,19 @@ pub(crate) async fn handle<D: Decider, R: Route<D>>(
     // The key the request was let in under (`http::bearer_key`), charged with the tokens it is admitted for.
     let key = parts.extensions.get::<KeyPass>().cloned();
     let rid = request_id(&headers);
-    let mut resp = match serve(&app, route, &headers, body, key, &rid).await {
+    let (answer, unread) = serve(&app, route, &headers, body, key, &rid).await;
+    // A body declared over the limit is not read at all (the 413 says so; reading it would be the work the
+    // limit refuses).
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u128>().ok());
+    if let Some(body) = unread
+        && declared.is_none_or(|n| n <= app.config.max_body as u128)
+    {
+        discard_in_background(body, app.config.max_body);
+    }
+    let mut resp = match answer {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(e) => error_response(e, &rid),
     };
@@ -120,7 +132,7 @@ pub(crate) async fn handle<D: Decider, R: Route<D>>(
     resp
 }
 
-/// Steps 1–3, then [`admit_and_answer`].
+/// Steps 1–3, then [`admit_and_answer`]; a refusal given before the body was read comes back with the body.
 async fn serve<D: Decider, R: Route<D>>(
     app: &Arc<App<D>>,
     route: R,
@@ -128,7 +140,59 @@ async fn serve<D: Decider, R: Route<D>>(
     body: Body,
     key: Option<KeyPass>,
     rid: &str,
-) -> Result<Value, ApiError> {
+) -> (Result<Value, ApiError>, Option<Body>) {
+    let (codings, slot) = match before_the_body(app, headers) {
+        Ok(v) => v,
+        Err(e) => return (Err(e), Some(body)),
+    };
+    let wait = app
+        .config
+        .body_read_timeout
+        .max(app.config.header_read_timeout);
+    let floor = BodyRate {
+        grace: app.config.body_grace,
+        bytes_per_s: app.config.min_body_rate,
+    };
+    let raw = match tokio::time::timeout(wait, read_body(body, app.config.max_body, floor)).await {
+        Ok(Ok(raw)) => raw,
+        Ok(Err(e)) => return (Err(e), None),
+        Err(_) => return (Err(ApiError::body_timeout()), None),
+    };
+    (
+        admit_and_answer(app, route, slot, raw, codings, key, rid).await,
+        None,
+    )
+}
+
+/// An answer given before the body was read must still reach the client: closing a socket with unread data
+/// makes the kernel send a reset, which can destroy the answer before the client reads it (a 4 MB body
+/// refused 429 arrived as a connection reset). So the unread body is read and thrown away — at most `max`
+/// bytes and for at most 2 s — while the answer is written; past either bound the connection closes.
+pub(crate) fn discard_in_background(body: Body, max: usize) {
+    tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let mut body = body;
+        let mut seen = 0usize;
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    seen += data.len();
+                    if seen > max {
+                        break;
+                    }
+                }
+            }
+        })
+        .await;
+    });
+}
+
+/// Steps 1–3 up to the body: draining, readiness, media type, codings, the declared length, a queue slot.
+#[allow(clippy::type_complexity)]
+fn before_the_body<D: Decider>(
+    app: &Arc<App<D>>,
+    headers: &HeaderMap,
+) -> Result<(Vec<Coding>, crate::queue::Slot<D::Job>), ApiError> {
     if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::draining());
     }
@@ -159,14 +223,7 @@ async fn serve<D: Decider, R: Route<D>>(
     }
     // A slot before any work: a full queue answers 429 before the body is even read.
     let slot = app.queue.reserve()?;
-    let wait = app
-        .config
-        .body_read_timeout
-        .max(app.config.header_read_timeout);
-    let raw = tokio::time::timeout(wait, read_body(body, app.config.max_body))
-        .await
-        .map_err(|_| ApiError::body_timeout())??;
-    admit_and_answer(app, route, slot, raw, codings, key, rid).await
+    Ok((codings, slot))
 }
 
 /// `/v1/systemone`'s answer to a body the server holds (the warm-up request): steps 2 and 4–7, as a request
@@ -261,13 +318,39 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
 /// body gets the 413 instead of a connection reset.
 const LINGER_BYTES: usize = 16 << 20;
 
-/// The body as sent (still encoded), or 413 once it is over `limit`.
-pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+/// The slowest a body may arrive: after `grace`, on average at least `bytes_per_s` (0: no floor).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyRate {
+    pub grace: Duration,
+    pub bytes_per_s: usize,
+}
+
+/// Read a request body, at most `limit` bytes (413 past it), held to a rate floor: a client that dribbles its body (a slow-loris holding a queue slot)
+/// is answered 408 once it falls behind `grace + received / rate`, instead of after the whole body timeout.
+pub(crate) async fn read_body(
+    body: Body,
+    limit: usize,
+    floor: BodyRate,
+) -> Result<Vec<u8>, ApiError> {
     use http_body_util::BodyExt;
     let mut body = body;
     let mut buf = Vec::new();
     let mut seen = 0usize;
-    while let Some(frame) = body.frame().await {
+    let start = tokio::time::Instant::now();
+    loop {
+        let next = body.frame();
+        let frame = if floor.bytes_per_s == 0 {
+            next.await
+        } else {
+            let due = start
+                + floor.grace
+                + Duration::from_secs_f64(seen as f64 / floor.bytes_per_s as f64);
+            match tokio::time::timeout_at(due, next).await {
+                Ok(f) => f,
+                Err(_) => return Err(ApiError::body_timeout()),
+            }
+        };
+        let Some(frame) = frame else { break };
         let frame = frame
             .map_err(|e| ApiError::bad_body(format!("could not read the request body: {e}")))?;
         let Ok(data) = frame.into_data() else {

@@ -70,6 +70,19 @@ pub struct Args {
     /// The unnamed key (`KEV_API_KEY`, --api-key-file) still works beside them.
     #[arg(long, env = "KEV_API_KEYS", value_name = "FILE")]
     api_keys: Option<PathBuf>,
+    /// Longest the drain after SIGTERM/SIGINT may take (seconds): requests still open then are closed and the
+    /// process exits (below the usual 30 s grace before SIGKILL). During the drain new requests get 503.
+    #[arg(long, env = "KEV_DRAIN_TIMEOUT_S", default_value_t = 25)]
+    drain_timeout_s: u64,
+    /// The slowest a request body may arrive after its first second, in bytes per second on average (0 turns
+    /// the floor off): a client dribbling its body is answered 408 and its queue slot freed within about a
+    /// second, instead of holding it for the whole body timeout.
+    #[arg(long, env = "KEV_MIN_BODY_RATE", default_value_t = 16 << 10)]
+    min_body_rate: usize,
+    /// A file holding the bearer key `/metrics` asks for (first line); `KEV_METRICS_KEY` does the same.
+    /// Without either `/metrics` is open, as `/health` is.
+    #[arg(long, value_name = "FILE")]
+    metrics_key_file: Option<PathBuf>,
     /// Which published release to serve when no model is named (--model, --base/--kev, --demo win): `kev-4b`
     /// (default) or `kev-0.8b`. It is prepared (downloaded, verified, merged) into --model-dir on first use.
     #[arg(long, env = "KEV_RELEASE", value_name = "NAME", default_value = "kev-4b",
@@ -115,6 +128,13 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         max_body: args.max_body,
         request_timeout: Duration::from_secs(args.request_timeout_s.max(1)),
         model_names: names,
+        drain_timeout: Duration::from_secs(args.drain_timeout_s),
+        min_body_rate: args.min_body_rate,
+        metrics_key: key_from(
+            args.metrics_key_file.as_ref(),
+            "KEV_METRICS_KEY",
+            "metrics key",
+        )?,
         max_connections: args.max_connections.max(1),
         header_read_timeout: Duration::from_secs(args.header_read_timeout_s.max(1)),
         admit_permits: args
@@ -158,16 +178,21 @@ fn model_names(base: &str, demo: bool, aliases: &[String]) -> Vec<String> {
 }
 
 fn api_key(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
+    key_from(file, "KEV_API_KEY", "API key")
+}
+
+/// A key from the first line of `file`, else from the environment variable `env` (empty: none).
+fn key_from(file: Option<&PathBuf>, env: &str, what: &str) -> anyhow::Result<Option<String>> {
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the API key file {}", path.display()))?;
+            .with_context(|| format!("reading the {what} file {}", path.display()))?;
         let key = text.lines().next().unwrap_or("").trim().to_string();
         if key.is_empty() {
-            anyhow::bail!("the API key file {} is empty", path.display());
+            anyhow::bail!("the {what} file {} is empty", path.display());
         }
         return Ok(Some(key));
     }
-    Ok(std::env::var("KEV_API_KEY").ok().filter(|k| !k.is_empty()))
+    Ok(std::env::var(env).ok().filter(|k| !k.is_empty()))
 }
 
 /// The prepared release (Kev-4B v1.0 unless --release says otherwise), preparing it (download, verify,

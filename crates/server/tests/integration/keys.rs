@@ -182,3 +182,54 @@ fn a_key_removed_from_the_file_is_refused_once_it_is_read_again() {
     // The key that stayed kept its bucket: its second request within 5 s is still refused.
     assert_eq!(ask(&r, "k-staying-secret", 10).0, 429);
 }
+
+/// A 429 given before a large body is read (here the key's own `concurrent` limit, refused in the key layer)
+/// still reaches a client that is sending its body: the body is read and thrown away while the answer goes
+/// out, so the socket is not closed on unread data (a reset would destroy the answer before it is read).
+#[test]
+fn an_early_429_reaches_a_client_sending_a_large_body() {
+    use std::io::{Read, Write};
+    let keys = Arc::new(
+        Keys::read(&keys_file(
+            "early-429",
+            json!([{"name": "one", "key": "k-one", "concurrent": 1}]),
+        ))
+        .unwrap(),
+    );
+    let config = ServerConfig {
+        api_keys: Some(Arc::clone(&keys)),
+        min_body_rate: 0,
+        ..ServerConfig::default()
+    };
+    let r = start_ready(config, Arc::new(Stub::new(Duration::ZERO)));
+    let head = |len: usize| {
+        format!(
+            "POST /v1/systemone HTTP/1.1\r\nhost: x\r\nauthorization: Bearer k-one\r\n\
+             content-type: application/json\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+        )
+    };
+    // The key's one concurrent request: its body never comes.
+    let mut held = std::net::TcpStream::connect(r.addr).unwrap();
+    held.write_all(head(100).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for round in 0..3 {
+        let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let body = vec![b' '; 4 << 20];
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(head(body.len()).as_bytes());
+            let _ = w.write_all(&body);
+        });
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut all = Vec::new();
+        let _ = s.read_to_end(&mut all);
+        let text = String::from_utf8_lossy(&all);
+        assert!(
+            text.starts_with("HTTP/1.1 429"),
+            "round {round}: the answer was lost: {text:?}"
+        );
+        assert!(text.contains("rate_limit_error"), "round {round}: {text}");
+        writer.join().unwrap();
+    }
+    drop(held);
+}

@@ -72,11 +72,28 @@ fn head(route: &str, len: usize, content_type: &str) -> String {
     )
 }
 
-/// The status and body of the answer on `s` (read to the end: the server closes after answering).
+/// The status and body of the answer on `s`: read until the whole answer (its `content-length`) is in, or the
+/// server closes.
 fn answer_of(s: &mut std::net::TcpStream) -> (u16, Value) {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut all = Vec::new();
-    let _ = s.read_to_end(&mut all);
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        if let Some(end) = all.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if len.is_some_and(|n| all.len() >= end + 4 + n) {
+                break;
+            }
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => all.extend_from_slice(&chunk[..n]),
+        }
+    }
     let text = String::from_utf8_lossy(&all).into_owned();
     let status = text
         .get(9..12)
@@ -121,6 +138,8 @@ fn a_slow_body_gets_408_on_every_decision_route() {
 fn a_full_queue_answers_429_on_every_decision_route_before_the_body_is_read() {
     let config = ServerConfig {
         queue_depth: 2,
+        // The held requests' bodies never come: no rate floor cuts them while the test runs.
+        min_body_rate: 0,
         ..ServerConfig::default()
     };
     let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
@@ -287,5 +306,117 @@ fn a_declared_length_over_the_limit_is_413_at_once_on_every_decision_route() {
             .set("content-type", "application/json"),
         &route_body("/v1/systemone", 10, 1),
     );
+    assert_eq!(status, 200);
+}
+
+/// SIGTERM with a client that never finishes its body: the drain ends at `drain_timeout`, not at the body
+/// timeout, and a request that arrives during the drain is answered 503 `unavailable_error` (not refused at TCP).
+#[test]
+fn the_drain_has_a_deadline_and_answers_new_requests_503() {
+    let config = ServerConfig {
+        drain_timeout: Duration::from_millis(1500),
+        body_read_timeout: Duration::from_secs(60),
+        min_body_rate: 0,
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    let addr = r.addr;
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.write_all(head("/v1/systemone", 100, "application/json").as_bytes())
+        .unwrap();
+    slow.write_all(b"{\"state\":").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let stopper = std::thread::spawn(move || r.stop());
+    std::thread::sleep(Duration::from_millis(300));
+    let body = br#"{"state":"x","questions":{"q":{"type":"noul"}}}"#;
+    let mut late =
+        std::net::TcpStream::connect(addr).expect("a connection during the drain is accepted");
+    late.write_all(head("/v1/systemone", body.len(), "application/json").as_bytes())
+        .unwrap();
+    late.write_all(body).unwrap();
+    let (status, v) = answer_of(&mut late);
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["detail"]["error_type"], "unavailable_error");
+    stopper.join().unwrap().unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1200) && took < Duration::from_secs(6),
+        "the drain took {took:?} (deadline 1.5 s, body timeout 60 s)"
+    );
+    drop(slow);
+}
+
+/// `metrics_key` guards `/metrics` (403 without a key, 401 with another); with it, the page has the
+/// process's memory gauges.
+#[test]
+fn a_metrics_key_guards_metrics_and_the_page_reports_memory() {
+    let config = ServerConfig {
+        metrics_key: Some("scrape-me".into()),
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    let (st, _) = send(agent().get(&r.url("/metrics")), b"");
+    assert_eq!(st, 403);
+    let (st, _) = send(
+        agent()
+            .get(&r.url("/metrics"))
+            .set("authorization", "Bearer nope"),
+        b"",
+    );
+    assert_eq!(st, 401);
+    let (st, resp) = send(
+        agent()
+            .get(&r.url("/metrics"))
+            .set("authorization", "Bearer scrape-me"),
+        b"",
+    );
+    assert_eq!(st, 200);
+    let text = resp.into_string().unwrap();
+    let rss = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kev_process_resident_bytes "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no RSS gauge in {text}"));
+    assert!(rss > 1e6, "{rss}");
+    // The open routes stay open.
+    let (st, _) = send(agent().get(&r.url("/health")), b"");
+    assert_eq!(st, 200);
+}
+
+/// `--queue-depth` clients that send their headers and dribble their bodies do not hold the queue: the rate
+/// floor answers them 408 within about `body_grace`, and a normal request then gets its answer, not 429.
+#[test]
+fn dribbled_bodies_are_cut_by_the_rate_floor_and_free_the_queue() {
+    let config = ServerConfig {
+        queue_depth: 4,
+        body_read_timeout: Duration::from_secs(30),
+        body_grace: Duration::from_millis(500),
+        min_body_rate: 1024,
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    let t = Instant::now();
+    let mut slow: Vec<_> = (0..4)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+            s.write_all(head("/v1/systemone", 10_000, "application/json").as_bytes())
+                .unwrap();
+            s.write_all(b"{").unwrap();
+            s
+        })
+        .collect();
+    for s in &mut slow {
+        let (status, v) = answer_of(s);
+        assert_eq!(status, 408, "{v}");
+        assert_eq!(v["detail"]["error_type"], "timeout_error");
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the dribblers held on for {:?}",
+        t.elapsed()
+    );
+    let body = br#"{"state":"x","questions":{"q":{"type":"noul"}}}"#;
+    let (status, _) = send(agent().post(&r.url("/v1/systemone")), body);
     assert_eq!(status, 200);
 }
