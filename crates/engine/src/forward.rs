@@ -92,6 +92,41 @@ struct MlpBufs<'a> {
 /// boundary splits no group (and costs no partial pass) on any kernel.
 const MLP_ROWS: usize = 1056;
 
+/// Rows at most this long run their mixers side by side, one row per task ([`rows_in_parallel`]).
+const PARALLEL_ROW_TOKENS: usize = 256;
+
+/// Each row with tokens, its token span in the stack and its own rows of `core` (`ld` apart).
+#[allow(clippy::type_complexity)]
+fn row_work<'r, 'a, 'c>(
+    rows: &'r mut [BatchRow<'a>],
+    offs: &[usize],
+    core: &'c mut [f32],
+    ld: usize,
+) -> Vec<(&'r mut BatchRow<'a>, (usize, usize), &'c mut [f32])> {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut rest = core;
+    for (ri, r) in rows.iter_mut().enumerate() {
+        let (a, b) = (offs[ri], offs[ri + 1]);
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut((b - a) * ld);
+        rest = tail;
+        if a < b {
+            out.push((r, (a, b), mine));
+        }
+    }
+    out
+}
+
+/// Whether a pass's rows run their recurrence and attention side by side (one row per task, each row's own
+/// scratch) instead of one after the other with each row's work spread over the cores: for many short rows
+/// (a batch of small requests) the per-row hand-offs between threads cost more than the rows' arithmetic. A
+/// row's values do not depend on which thread runs it.
+fn rows_in_parallel<T>(work: &[(T, (usize, usize), &mut [f32])]) -> bool {
+    work.len() > 1
+        && work
+            .iter()
+            .all(|(_, (a, b), _)| b - a <= PARALLEL_ROW_TOKENS)
+}
+
 fn add_rows(x: &mut [f32], d: &[f32]) {
     x.par_chunks_mut(4096)
         .zip(d.par_chunks(4096))
@@ -307,11 +342,11 @@ impl Backbone {
                             ld: ldp,
                         },
                     );
-                    for (ri, r) in rows.iter_mut().enumerate() {
-                        let (a, b) = (offs[ri], offs[ri + 1]);
-                        if a == b {
-                            continue;
-                        }
+                    let proj: &[f32] = proj;
+                    let one = |r: &mut BatchRow<'_>,
+                               (a, b): (usize, usize),
+                               core: &mut [f32],
+                               ws: &mut crate::scratch::GdnScratch| {
                         let LayerState::Gdn(st) = &mut r.state.layers[li] else {
                             unreachable!("state layout checked")
                         };
@@ -335,12 +370,23 @@ impl Backbone {
                             },
                             &mut own,
                             RowsMut {
-                                data: &mut core[a * ldc..b * ldc],
+                                data: core,
                                 ld: ldc,
                             },
-                            gdn_ws,
+                            ws,
                         );
                         *st = Some(Arc::new(own));
+                    };
+                    let work = row_work(rows, &offs, &mut core[..tot * ldc], ldc);
+                    if rows_in_parallel(&work) {
+                        work.into_par_iter().for_each_init(
+                            crate::scratch::GdnScratch::default,
+                            |ws, (r, span, c)| one(r, span, c, ws),
+                        );
+                    } else {
+                        for (r, span, c) in work {
+                            one(r, span, c, gdn_ws);
+                        }
                     }
                     (&g.out_proj, vd)
                 }
@@ -360,11 +406,12 @@ impl Backbone {
                             ld: ldp,
                         },
                     );
-                    for (ri, r) in rows.iter_mut().enumerate() {
-                        let (a, b) = (offs[ri], offs[ri + 1]);
-                        if a == b {
-                            continue;
-                        }
+                    let proj: &[f32] = proj;
+                    let inv_freq = &self.inv_freq;
+                    let one = |r: &mut BatchRow<'_>,
+                               (a, b): (usize, usize),
+                               core: &mut [f32],
+                               ws: &mut crate::scratch::AttnScratch| {
                         let pos0 = r.state.pos;
                         let LayerState::Attn(kv) = &mut r.state.layers[li] else {
                             unreachable!("state layout checked")
@@ -373,7 +420,7 @@ impl Backbone {
                             AttnCall {
                                 cfg,
                                 kern,
-                                inv_freq: &self.inv_freq,
+                                inv_freq,
                                 weights: at,
                                 pos0,
                             },
@@ -384,11 +431,22 @@ impl Backbone {
                             },
                             kv,
                             RowsMut {
-                                data: &mut core[a * ldc..b * ldc],
+                                data: core,
                                 ld: ldc,
                             },
-                            attn_ws,
+                            ws,
                         );
+                    };
+                    let work = row_work(rows, &offs, &mut core[..tot * ldc], ldc);
+                    if rows_in_parallel(&work) {
+                        work.into_par_iter().for_each_init(
+                            crate::scratch::AttnScratch::default,
+                            |ws, (r, span, c)| one(r, span, c, ws),
+                        );
+                    } else {
+                        for (r, span, c) in work {
+                            one(r, span, c, attn_ws);
+                        }
                     }
                     (&at.o_proj, qd)
                 }
