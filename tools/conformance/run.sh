@@ -50,9 +50,21 @@ JEVCOMPAT_KEY=ci-secret-key "$VENV/bin/jevcompat" test "http://127.0.0.1:$key_po
 tail -n 3 "$OUT/jevcompat-key.txt"
 "$VENV/bin/python" tools/conformance/check_report.py "$OUT/jevcompat-key.json" --expect-auth
 "$VENV/bin/python" tools/conformance/sdk_roundtrip.py "http://127.0.0.1:$key_port" ci-secret-key
+# Several adapters on one base (kev-mini and its two fine-tunes), strict model names, through the SDK.
+ad_port=$(free_port)
+M=fixtures/mini
+"$KEV" serve --host 127.0.0.1 --port "$ad_port" --base "$M/base" --adapter "kev=$M/kev" \
+  --adapter "support=$M/adapters/support" --adapter "ops=$M/adapters/ops" --strict-models \
+  >"$OUT/serve-$ad_port.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  if curl -fsS "http://127.0.0.1:$ad_port/ready" >/dev/null 2>&1; then break; fi
+  sleep 0.2
+done
+"$VENV/bin/python" tools/conformance/sdk_adapters.py "http://127.0.0.1:$ad_port"
 # Overload: 4× the queue capacity at once against the real engine (the demo model), with a short queue
 # deadline so both 429 (queue full) and 529 (waited too long) occur.
 load_port=$(free_port)
 start "$load_port" KEV_QUEUE_DEPTH=4 KEV_QUEUE_DEADLINE_MS=150
 python3 tools/conformance/overload.py "http://127.0.0.1:$load_port" 4
-echo "conformance: jevcompat (open and keyed), the SDK round trip and the overload check passed"
+echo "conformance: jevcompat (open and keyed), the SDK round trips (one model, several adapters) and the overload check passed"
