@@ -14,14 +14,11 @@ bytes (`/v1/models`' `x_adapter_bytes`).
 import argparse
 import http.client
 import json
-import os
-import subprocess
-import tempfile
 import sys
 import threading
 import time
 
-from batch import QUESTIONS, free_port, post, state, timeless
+from batch import QUESTIONS, post, serve, state, timeless
 
 
 def vm_hwm(pid):
@@ -30,30 +27,6 @@ def vm_hwm(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def serve(kev, args, extra):
-    port = free_port()
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([kev, "serve", "--port", str(port), *args, *extra],
-                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "KEV_LOG": "warn"})
-    t0 = time.time()
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise SystemExit(f"kev serve exited: {log.read()[-2000:]}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/ready")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        if time.time() - t0 > 900:
-            proc.kill()
-            raise SystemExit("kev serve never became ready")
-        time.sleep(0.5)
-    return proc, port, time.time() - t0
 
 
 def run(port, bodies, clients):
@@ -99,7 +72,7 @@ def main():
         bodies_single.append(json.dumps(req).encode())
         bodies_multi.append(json.dumps({"model": names[i % len(names)], **req}).encode())
 
-    proc, port, load_s = serve(a.kev, ["--base", a.base, "--kev", adapters[0][1], "--weights", "exact"], a.extra)
+    proc, port, load_s = serve(a.kev, ["--base", a.base, "--kev", adapters[0][1], "--weights", "exact", *a.extra])
     single, t_single = run(port, bodies_single, a.clients)
     rss_single = vm_hwm(proc.pid)
     proc.terminate()
@@ -110,7 +83,7 @@ def main():
     flags = ["--base", a.base]
     for n, d in adapters:
         flags += ["--adapter", f"{n}={d}"]
-    proc, port, load_s = serve(a.kev, flags, a.extra)
+    proc, port, load_s = serve(a.kev, [*flags, *a.extra])
     cards = {m["name"]: m for m in models(port)}
     multi, t_multi = run(port, bodies_multi, a.clients)
     rss_multi = vm_hwm(proc.pid)

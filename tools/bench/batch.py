@@ -12,10 +12,12 @@ that state pinned (`POST /v1/systemone/states`, then `x_state_id`) against the w
 import argparse
 import http.client
 import json
+import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 WORDS = ("refund invoice login crash upgrade delivery password billing late broken thanks cancel discount "
@@ -42,6 +44,31 @@ def free_port():
     return port
 
 
+def serve(kev, args):
+    """Start `kev serve --port P ARGS` (its log kept aside) and wait until `/ready`: (process, port, seconds)."""
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([kev, "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "KEV_LOG": "warn"})
+    t0 = time.time()
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise SystemExit(f"kev serve exited: {log.read()[-2000:]}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/ready")
+            if c.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        if time.time() - t0 > 900:
+            proc.kill()
+            raise SystemExit("kev serve never became ready")
+        time.sleep(0.2)
+    return proc, port, time.time() - t0
+
+
 def post(conn, path, body):
     conn.request("POST", path, body=body, headers={"content-type": "application/json"})
     r = conn.getresponse()
@@ -66,21 +93,8 @@ def main():
     ap.add_argument("--long-words", type=int, default=1470, help="words of the long state (≈ 1,500 tokens)")
     ap.add_argument("serve", nargs="*", default=["--demo"])
     a = ap.parse_args()
-    port = free_port()
-    proc = subprocess.Popen([a.kev, "serve", "--port", str(port), *a.serve], stdout=subprocess.DEVNULL)
+    proc, port, _ = serve(a.kev, a.serve)
     try:
-        t0 = time.time()
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-                c.request("GET", "/ready")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() - t0 > 300:
-                raise SystemExit("kev serve never became ready")
-            time.sleep(0.2)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         card = json.loads((conn.request("GET", "/v1/models"), conn.getresponse().read())[1])["models"][0]
         reqs = [{"state": state(i, a.words), "questions": QUESTIONS} for i in range(a.states)]

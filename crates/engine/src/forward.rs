@@ -127,6 +127,24 @@ fn rows_in_parallel<T>(work: &[(T, (usize, usize), &mut [f32])]) -> bool {
             .all(|(_, (a, b), _)| b - a <= PARALLEL_ROW_TOKENS)
 }
 
+/// Run `one` on every row of `work`: side by side with a scratch of their own when [`rows_in_parallel`],
+/// else one after the other with the pass's `scratch`.
+#[allow(clippy::type_complexity)]
+fn each_row<'r, 'a, 'c, W: Default + Send>(
+    work: Vec<(&'r mut BatchRow<'a>, (usize, usize), &'c mut [f32])>,
+    scratch: &mut W,
+    one: impl Fn(&mut BatchRow<'a>, (usize, usize), &mut [f32], &mut W) + Sync + Send,
+) {
+    if rows_in_parallel(&work) {
+        work.into_par_iter()
+            .for_each_init(W::default, |ws, (r, span, c)| one(r, span, c, ws));
+    } else {
+        for (r, span, c) in work {
+            one(r, span, c, scratch);
+        }
+    }
+}
+
 fn add_rows(x: &mut [f32], d: &[f32]) {
     x.par_chunks_mut(4096)
         .zip(d.par_chunks(4096))
@@ -377,17 +395,11 @@ impl Backbone {
                         );
                         *st = Some(Arc::new(own));
                     };
-                    let work = row_work(rows, &offs, &mut core[..tot * ldc], ldc);
-                    if rows_in_parallel(&work) {
-                        work.into_par_iter().for_each_init(
-                            crate::scratch::GdnScratch::default,
-                            |ws, (r, span, c)| one(r, span, c, ws),
-                        );
-                    } else {
-                        for (r, span, c) in work {
-                            one(r, span, c, gdn_ws);
-                        }
-                    }
+                    each_row(
+                        row_work(rows, &offs, &mut core[..tot * ldc], ldc),
+                        gdn_ws,
+                        one,
+                    );
                     (&g.out_proj, vd)
                 }
                 Mixer::Attn(at) => {
@@ -437,17 +449,11 @@ impl Backbone {
                             ws,
                         );
                     };
-                    let work = row_work(rows, &offs, &mut core[..tot * ldc], ldc);
-                    if rows_in_parallel(&work) {
-                        work.into_par_iter().for_each_init(
-                            crate::scratch::AttnScratch::default,
-                            |ws, (r, span, c)| one(r, span, c, ws),
-                        );
-                    } else {
-                        for (r, span, c) in work {
-                            one(r, span, c, attn_ws);
-                        }
-                    }
+                    each_row(
+                        row_work(rows, &offs, &mut core[..tot * ldc], ldc),
+                        attn_ws,
+                        one,
+                    );
                     (&at.o_proj, qd)
                 }
             };
