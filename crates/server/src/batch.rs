@@ -193,8 +193,33 @@ impl<D: Decider> Route<D> for Batch {
         Ok((bodies, plan))
     }
 
-    fn admit(&self, decider: &D, bodies: &[Vec<u8>]) -> Result<Admitted<D::Job>, ApiError> {
-        decider.admit_batch(bodies)
+    /// Each entry may name a pinned state of the requester's (`x_state_id`), resolved entry by entry: an entry
+    /// whose pin is missing (or another key's) is refused in its place, as it would be alone.
+    fn admit(
+        &self,
+        decider: &D,
+        owner: Option<&str>,
+        bodies: &[Vec<u8>],
+    ) -> Result<Admitted<D::Job>, ApiError> {
+        let mut unresolved = Vec::new();
+        let resolved: Vec<Vec<u8>> = bodies
+            .iter()
+            .enumerate()
+            .map(
+                |(i, b)| match crate::states::resolve(decider, owner, b.clone()) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        unresolved.push((i, e));
+                        b.clone()
+                    }
+                },
+            )
+            .collect();
+        let mut admitted = decider.admit_batch(&resolved)?;
+        for (i, e) in unresolved {
+            admitted[i] = Err(e);
+        }
+        Ok(admitted)
     }
 
     fn merge(&self, _: &D, plan: BatchPlan, answers: Answers) -> Result<Value, ApiError> {

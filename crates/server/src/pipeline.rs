@@ -50,7 +50,16 @@ pub(crate) trait Route<D: Decider>: Clone + Send + 'static {
     /// Admit the parts. The default holds them to the per-request caps together, all or nothing (the parts of
     /// one request); a route of independent requests admits each on its own, and a refused part is answered
     /// in its place ([`Answers::refused`]). Runs on the same blocking worker, after [`Route::split`].
-    fn admit(&self, decider: &D, bodies: &[Vec<u8>]) -> Result<Admitted<D::Job>, ApiError> {
+    ///
+    /// `owner` is the key the request came in under (a route whose entries may name a pinned state resolves
+    /// them as that key's).
+    fn admit(
+        &self,
+        decider: &D,
+        owner: Option<&str>,
+        bodies: &[Vec<u8>],
+    ) -> Result<Admitted<D::Job>, ApiError> {
+        let _ = owner;
         Ok(decider.admit_parts(bodies)?.into_iter().map(Ok).collect())
     }
 
@@ -262,7 +271,7 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
         // A pinned state named by `x_state_id` (the requester's own) becomes the request's state.
         let bytes = crate::states::resolve(&*decider, owner.as_deref(), bytes)?;
         let (bodies, plan) = splitter.split(&decider, bytes)?;
-        let admitted = splitter.admit(&decider, &bodies)?;
+        let admitted = splitter.admit(&decider, owner.as_deref(), &bodies)?;
         Ok::<_, ApiError>((plan, admitted))
     })
     .await

@@ -140,7 +140,12 @@ impl<D: Decider> Route<D> for Pin {
         Ok((vec![bytes], ()))
     }
 
-    fn admit(&self, decider: &D, bodies: &[Vec<u8>]) -> Result<Admitted<D::Job>, ApiError> {
+    fn admit(
+        &self,
+        decider: &D,
+        _: Option<&str>,
+        bodies: &[Vec<u8>],
+    ) -> Result<Admitted<D::Job>, ApiError> {
         let body = bodies.first().ok_or_else(ApiError::internal)?;
         let ttl = ttl_of(&parse_json(body)?)?;
         Ok(vec![Ok(decider.admit_pin(

@@ -1007,10 +1007,31 @@ fn a_pinned_state_runs_only_the_questions_and_belongs_to_its_key() {
     both["state"] = json!("another text");
     assert_eq!(call(&s, "POST", "/v1/systemone", a, Some(&both)).0, 422);
 
+    // Inside a batch, entry by entry: the pinned entry answers as the plain request, a missing pin is refused
+    // in its place (404), the other entries are untouched.
+    let batch = json!({"requests": [
+        {"x_state_id": id, "questions": questions},
+        {"x_state_id": "no-such-pin", "questions": questions},
+        plain.clone(),
+    ]});
+    let (st, r) = call(&s, "POST", "/v1/systemone/batch", a, Some(&batch));
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(timeless(r["results"][0].clone()), timeless(p.clone()));
+    assert_eq!(r["results"][1]["status"], 404, "{r}");
+    assert_eq!(timeless(r["results"][2].clone()), timeless(p.clone()));
+
     // Another key neither uses, reads nor removes it.
     let b = Some("secret-b");
     let named = json!({"x_state_id": id, "questions": questions});
     assert_eq!(call(&s, "POST", "/v1/systemone", b, Some(&named)).0, 404);
+    let (st, r) = call(
+        &s,
+        "POST",
+        "/v1/systemone/batch",
+        b,
+        Some(&json!({"requests": [named.clone()]})),
+    );
+    assert_eq!((st, &r["results"][0]["status"]), (200, &json!(404)), "{r}");
     assert_eq!(
         call(&s, "GET", &format!("/v1/systemone/states/{id}"), b, None).0,
         404
