@@ -383,15 +383,7 @@ fn add_adapter(
         adapter_sha256: adapter_sha256(&a.dir),
         ..default.clone()
     };
-    let model_id = fnv1a(
-        format!(
-            "{}|{}|{}",
-            info.source,
-            default.form.name(),
-            default.arm.name()
-        )
-        .as_bytes(),
-    );
+    let model_id = model_id(&info);
     tracing::info!(adapter = %a.name, dir = %a.dir.display(), slot, adapter_bytes = info.adapter_bytes, "adapter loaded over the resident base");
     Ok(kev.with_adapter(crate::service::AdapterSpec {
         name: a.name.clone(),
@@ -562,7 +554,7 @@ fn finish_cpu(
         },
         demo: false,
     };
-    let model_id = fnv1a(format!("{}|{}|{}", info.source, spec.form.name(), arm.name()).as_bytes());
+    let model_id = model_id(&info);
     let kev = Kev::new(backend, pointer, tokenizer, spec.settings.clone(), model_id)
         .with_info(info.clone());
     tracing::info!(
@@ -576,21 +568,21 @@ fn finish_cpu(
     Ok((kev, info))
 }
 
-/// sha256 of `dir/adapter_model.safetensors`, read in 1 MiB pieces (`None` if it cannot be read).
+/// sha256 of `dir/adapter_model.safetensors` (`None` if it cannot be read), streamed by the release crate's
+/// one file hasher.
 fn adapter_sha256(dir: &Path) -> Option<String> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut f = std::fs::File::open(dir.join("adapter_model.safetensors")).ok()?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).ok()?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Some(hex::encode(h.finalize()))
+    kev_release::manifest::FileHashes::of_file_with(
+        &dir.join("adapter_model.safetensors"),
+        false,
+        |_| {},
+    )
+    .ok()
+    .map(|h| h.sha256)
+}
+
+/// The identity of what `info` describes (files, weight form, arm) in the prepared-state cache and pins.
+fn model_id(info: &ModelInfo) -> u64 {
+    fnv1a(format!("{}|{}|{}", info.source, info.form.name(), info.arm.name()).as_bytes())
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {

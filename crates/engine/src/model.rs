@@ -746,7 +746,7 @@ mod tests {
     #[test]
     fn merge_at_load_is_bit_exact_with_the_export() {
         let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
-        let m = Backbone::load(
+        let mut m = Backbone::load(
             &fx.join("release/base"),
             &LoadOptions {
                 adapter: Some(fx.join("release/kev")),
@@ -759,46 +759,10 @@ mod tests {
         let want: serde_json::Value =
             serde_json::from_slice(&std::fs::read(fx.join("expected/merge.json")).unwrap())
                 .unwrap();
-        let c = &m.cfg;
+        let c = m.cfg.clone();
         let mut checked = 0;
-        for (i, l) in m.layers.iter().enumerate() {
-            let mut modules: Vec<(&Linear, Vec<(&str, usize)>)> = vec![
-                (
-                    &l.gate_up,
-                    vec![
-                        ("mlp.gate_proj", c.intermediate_size),
-                        ("mlp.up_proj", c.intermediate_size),
-                    ],
-                ),
-                (&l.down, vec![("mlp.down_proj", c.hidden_size)]),
-            ];
-            match &l.mixer {
-                Mixer::Gdn(g) => {
-                    let nv = c.linear_num_value_heads;
-                    modules.push((
-                        &g.in_proj,
-                        vec![
-                            ("linear_attn.in_proj_qkv", c.conv_dim()),
-                            ("linear_attn.in_proj_z", c.value_dim()),
-                            ("linear_attn.in_proj_b", nv),
-                            ("linear_attn.in_proj_a", nv),
-                        ],
-                    ));
-                    modules.push((&g.out_proj, vec![("linear_attn.out_proj", c.hidden_size)]));
-                }
-                Mixer::Attn(a) => {
-                    let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-                    modules.push((
-                        &a.qkv,
-                        vec![
-                            ("self_attn.q_proj", 2 * nh * hd),
-                            ("self_attn.k_proj", nkv * hd),
-                            ("self_attn.v_proj", nkv * hd),
-                        ],
-                    ));
-                    modules.push((&a.o_proj, vec![("self_attn.o_proj", c.hidden_size)]));
-                }
-            }
+        for (i, l) in m.layers.iter_mut().enumerate() {
+            let modules = l.fused_mut(&c);
             for (lin, parts) in modules {
                 assert!(lin.w.is_bf16());
                 let rows = lin.w.to_f32_rows();
