@@ -73,6 +73,16 @@ pub(crate) struct AttnCall<'a> {
 /// `proj` holds the fused projection rows (`[q+gate interleaved per head | k | v]`); the gated attention
 /// output (the input of `o_proj`) goes to `core` (one row of `heads·head_dim` per token). This call's keys
 /// and values are appended to `kv` as a new shared segment.
+/// [`grow`] with room for the state to grow by half again: a long state advances piece by piece, and
+/// replacing its panels at every piece unmapped and faulted in tens of megabytes per call (time of its
+/// own, and the address-space lock every other thread's page faults wait on).
+fn grow_ahead(v: &mut crate::scratch::Buf, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        *v = crate::scratch::Buf::zeroed(n + n / 2);
+    }
+    &mut v[..n]
+}
+
 pub(crate) fn run(
     call: AttnCall<'_>,
     proj: Rows<'_>,
@@ -157,8 +167,8 @@ pub(crate) fn run(
     let panels: Vec<(SendPtr<f32>, SendPtr<f32>)> = ws.kv[..nkv]
         .iter_mut()
         .map(|(kt, vt)| {
-            let kt = grow(kt, kpan * hd * 64);
-            let vt = grow(vt, vpan * n * 64);
+            let kt = grow_ahead(kt, kpan * hd * 64);
+            let vt = grow_ahead(vt, vpan * n * 64);
             (SendPtr(kt.as_mut_ptr()), SendPtr(vt.as_mut_ptr()))
         })
         .collect();
@@ -212,6 +222,7 @@ pub(crate) fn run(
             mx.fill(f32::NEG_INFINITY);
             sum.fill(0.0);
             for p in 0..nb.div_ceil(64) {
+                crate::background::yield_point();
                 let cols = (nb - p * 64).min(64);
                 matmul(
                     kern,

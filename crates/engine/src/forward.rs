@@ -342,6 +342,7 @@ impl Backbone {
             });
 
         for (li, layer) in self.layers.iter().enumerate() {
+            crate::background::yield_point();
             rms_norm_rows(&x[..tot * h], &layer.input_norm, eps, &mut hn[..tot * h]);
             let (oproj, cw) = match &layer.mixer {
                 Mixer::Gdn(g) => {

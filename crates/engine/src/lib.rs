@@ -19,6 +19,7 @@
 
 mod attention;
 pub mod backend;
+pub mod background;
 pub mod calibrate;
 pub mod config;
 #[cfg(test)]

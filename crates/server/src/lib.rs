@@ -176,6 +176,10 @@ pub struct ServerConfig {
     pub long_in_flight: usize,
     /// Longest piece of long work when no short work was seen lately (see [`sched`]).
     pub solo_piece: Duration,
+    /// Long work runs on a lane of its own at a low priority, beside the short passes (a short request
+    /// never waits for a long piece, however deep in its state); `false` makes them take turns on the one
+    /// engine thread (`--long-lane off`).
+    pub long_lane: bool,
     /// Requests parsed and tokenized at once (admission permits; about the number of cores).
     pub admit_permits: usize,
     /// Open connections at most; further connections wait in the listen backlog.
@@ -218,6 +222,7 @@ impl Default for ServerConfig {
             starve_passes: 4,
             long_in_flight: 2,
             solo_piece: Duration::from_secs(2),
+            long_lane: true,
             admit_permits: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),
@@ -261,6 +266,7 @@ impl<D: Decider> App<D> {
                     // during one still start before theirs.
                     solo_piece: config.solo_piece.min(config.queue_deadline / 2),
                 },
+                long_lane: config.long_lane,
             },
         );
         let permits = tokio::sync::Semaphore::new(config.admit_permits.max(1));

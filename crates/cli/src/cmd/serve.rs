@@ -41,6 +41,10 @@ pub struct Args {
     /// Longest a request may wait in the queue before it is answered 529 (milliseconds).
     #[arg(long, env = "KEV_QUEUE_DEADLINE_MS", default_value_t = 60_000)]
     queue_deadline_ms: u64,
+    /// Run long work (a state longer than a pass) on a lane of its own at a low priority, beside the
+    /// short requests' passes (`on`), or in turns with them on the one engine thread (`off`).
+    #[arg(long, env = "KEV_LONG_LANE", default_value = "on", value_parser = ["on", "off"])]
+    long_lane: String,
     /// Largest request body accepted, after decompression (bytes).
     #[arg(long, env = "KEV_MAX_BODY", default_value_t = 8 << 20)]
     max_body: usize,
@@ -125,6 +129,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         queue_depth: args.queue_depth.max(1),
         queue_deadline: Duration::from_millis(args.queue_deadline_ms),
         pass_tokens: kev.settings().pass_tokens,
+        long_lane: args.long_lane == "on",
         max_body: args.max_body,
         request_timeout: Duration::from_secs(args.request_timeout_s.max(1)),
         model_names: names,

@@ -198,6 +198,7 @@ fn gemm_f32_kc(
     (0..w.panels()).into_par_iter().for_each_init(
         || AlignedBuf::<f32>::zeroed(kc * NR),
         |buf, p| {
+            crate::background::yield_point();
             dispatch(
                 kern,
                 PanelF32 {
@@ -363,6 +364,7 @@ fn gemm_bf16_hw(kern: Kernels, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>, ab
         as_bytes(&d[off..off + (kp - kb).min(KP_BF16) * NR * 2])
     };
     (0..w.panels()).into_par_iter().for_each(|p| {
+        crate::background::yield_point();
         let ncols = (n - p * NR).min(NR);
         let mut mc0 = 0;
         while mc0 < m {
@@ -456,6 +458,7 @@ fn gemm_bf16_amx(
     (0..w.panels())
         .into_par_iter()
         .for_each_init(Scratch::new, |scratch, p| {
+            crate::background::yield_point();
             let ncols = (n - p * NR).min(NR);
             let panel = &as_bytes(&d[..])[p * panel_bytes..(p + 1) * panel_bytes];
             let copy = |r0: usize, rows: usize, res: &[i32]| {

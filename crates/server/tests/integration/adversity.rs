@@ -517,3 +517,94 @@ fn oversized_heads_get_json_answers_below_hypers_own_limits() {
     assert_eq!(status, 431);
     assert_eq!(body, "");
 }
+
+/// Short requests' worst latency while a long request (pieces of `unit` tokens at 1 ms each) is in flight.
+fn worst_short_beside_long(long_lane: bool, unit: usize) -> (Duration, Duration) {
+    let config = ServerConfig {
+        pass_tokens: 512,
+        long_lane,
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let url = r.url("/v1/systemone");
+    let long = std::thread::spawn(move || {
+        let t = Instant::now();
+        let (s, _) = send(
+            agent().post(&url).set("content-type", "application/json"),
+            &body_unit("long", 4 * unit, false, unit),
+        );
+        (s, t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let mut worst = Duration::ZERO;
+    for i in 0..15 {
+        let t = Instant::now();
+        assert_eq!(post(&r, &body(&format!("short{i}"), 10, false)).0, 200);
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, long_took) = long.join().unwrap();
+    assert_eq!(status, 200);
+    (worst, long_took)
+}
+
+#[test]
+fn with_the_long_lane_a_short_request_never_waits_for_a_long_piece() {
+    // Every piece of the long request is one indivisible 400 ms unit (a piece deep in a long state).
+    let (lane, long_took) = worst_short_beside_long(true, 400);
+    assert!(
+        long_took > Duration::from_millis(1200),
+        "the long request ran in {long_took:?}: the test did not overlap"
+    );
+    assert!(
+        lane < Duration::from_millis(150),
+        "a short request beside a long lane piece took {lane:?}"
+    );
+    // Without the lane a short request arriving during a piece waits for its end.
+    let (turns, _) = worst_short_beside_long(false, 400);
+    assert!(
+        turns > Duration::from_millis(200),
+        "without the lane the worst short request took only {turns:?}: the test cannot tell"
+    );
+}
+
+#[test]
+fn a_lane_piece_out_past_solo_piece_holds_short_passes_until_it_is_back() {
+    // Long work never starves: a lane piece out longer than `solo_piece` (short passes kept it paused)
+    // gets the machine; short requests then wait for it.
+    let config = ServerConfig {
+        pass_tokens: 512,
+        solo_piece: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let url = r.url("/v1/systemone");
+    let t0 = Instant::now();
+    let long = std::thread::spawn(move || {
+        send(
+            agent().post(&url).set("content-type", "application/json"),
+            &body_unit("long", 1500, false, 1500),
+        )
+        .0
+    });
+    // Before `solo_piece`: a short request runs beside the piece.
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    assert_eq!(post(&r, &body("early", 10, false)).0, 200);
+    assert!(
+        t.elapsed() < Duration::from_millis(200),
+        "{:?}",
+        t.elapsed()
+    );
+    // Past it: the next short request waits for the piece (1.5 s from the start).
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(post(&r, &body("late", 10, false)).0, 200);
+    let done = t0.elapsed();
+    assert!(
+        done > Duration::from_millis(1400),
+        "a short request past solo_piece finished at {done:?}, before the long piece"
+    );
+    assert_eq!(long.join().unwrap(), 200);
+}

@@ -348,6 +348,7 @@ fn run_panels(
     let fused = false;
     let panels = n.div_ceil(NR);
     (0..panels).into_par_iter().for_each(|p| {
+        crate::background::yield_point();
         PANEL.with(|bufs| {
             let (acc, wide) = &mut *bufs.borrow_mut();
             let wp = &w.data[p * kg * NR * G..(p + 1) * kg * NR * G];
@@ -620,6 +621,7 @@ fn run_panels_amx(
     (0..n.div_ceil(NR))
         .into_par_iter()
         .for_each_init(Scratch::new, |scratch, p| {
+            crate::background::yield_point();
             // SAFETY: the packed data holds whole panels of `kg · NR · G` bytes.
             let panel = unsafe {
                 std::slice::from_raw_parts((wbytes as *const u8).add(p * panel_bytes), panel_bytes)
