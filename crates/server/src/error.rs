@@ -100,6 +100,15 @@ impl ApiError {
         .with_retry_after(retry_after)
     }
 
+    /// Every body-read permit is held (twice the queue depth of clients still sending their bodies).
+    pub fn bodies_full(permits: usize, retry_after: u64) -> Self {
+        Self::typed(
+            ErrorKind::QueueFull,
+            format!("{permits} request bodies are already arriving; retry after {retry_after} s"),
+        )
+        .with_retry_after(retry_after)
+    }
+
     /// Accepted, but it waited past its deadline before the engine could take it.
     pub fn overloaded(waited_ms: u128, retry_after: u64) -> Self {
         Self::typed(

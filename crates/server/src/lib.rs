@@ -244,6 +244,8 @@ pub struct App<D: Decider> {
     keys: Option<Arc<keys::Keys>>,
     queue: queue::Queue<D::Job>,
     permits: tokio::sync::Semaphore,
+    /// Bodies being read at once: twice the queue depth (see `pipeline::before_the_body`).
+    bodies: tokio::sync::Semaphore,
     config: ServerConfig,
     ready: AtomicBool,
     draining: AtomicBool,
@@ -270,6 +272,7 @@ impl<D: Decider> App<D> {
             },
         );
         let permits = tokio::sync::Semaphore::new(config.admit_permits.max(1));
+        let bodies = tokio::sync::Semaphore::new(2 * config.queue_depth.max(1));
         let unnamed = config.api_key.clone().filter(|k| !k.is_empty());
         let keys = match (config.api_keys.clone(), unnamed) {
             (Some(keys), None) => Some(keys),
@@ -285,6 +288,7 @@ impl<D: Decider> App<D> {
             keys,
             queue,
             permits,
+            bodies,
             config,
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),

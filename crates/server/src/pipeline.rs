@@ -5,9 +5,12 @@
 //!
 //! 1. draining → 503; not ready → 503; a multipart body → 415; an unknown `Content-Encoding` → 415; a declared
 //!    `Content-Length` over the body limit → 413 at once (nothing held, nothing read);
-//! 2. **a queue slot** ([`crate::queue::Queue::reserve`]), one per request whatever its parts: a full queue
-//!    answers 429 before the body is read;
-//! 3. the body, within the body-read timeout (408) and the body limit (413);
+//! 2. a full queue answers 429 before the body is read ([`crate::queue::Queue::has_room`]), and a body-read
+//!    permit (twice the queue depth; none left → 429) bounds the bodies being read at once;
+//! 3. the body, within the body-read timeout (408), the rate floor (408) and the body limit (413); then
+//!    **a queue slot** ([`crate::queue::Queue::reserve`]), one per request whatever its parts (429 if the
+//!    queue filled while the body arrived). A client dribbling its body holds a body permit, never a slot:
+//!    `--queue-depth` of them leave the queue to everyone else;
 //! 4. **an admission permit** (about one per core; none within the queue deadline → 529);
 //! 5. on a blocking worker: the content codings undone (each output held to the body limit), [`Route::split`]
 //!    (the route's own checks and its parts), [`Route::admit`] — by default [`Decider::admit_parts`]: every
@@ -150,7 +153,7 @@ async fn serve<D: Decider, R: Route<D>>(
     key: Option<KeyPass>,
     rid: &str,
 ) -> (Result<Value, ApiError>, Option<Body>) {
-    let (codings, slot) = match before_the_body(app, headers) {
+    let (codings, reading) = match before_the_body(app, headers) {
         Ok(v) => v,
         Err(e) => return (Err(e), Some(body)),
     };
@@ -166,6 +169,11 @@ async fn serve<D: Decider, R: Route<D>>(
         Ok(Ok(raw)) => raw,
         Ok(Err(e)) => return (Err(e), None),
         Err(_) => return (Err(ApiError::body_timeout()), None),
+    };
+    drop(reading);
+    let slot = match app.queue.reserve() {
+        Ok(slot) => slot,
+        Err(e) => return (Err(e), None),
     };
     (
         admit_and_answer(app, route, slot, raw, codings, key, rid).await,
@@ -196,12 +204,12 @@ pub(crate) fn discard_in_background(body: Body, max: usize) {
     });
 }
 
-/// Steps 1–3 up to the body: draining, readiness, media type, codings, the declared length, a queue slot.
-#[allow(clippy::type_complexity)]
-fn before_the_body<D: Decider>(
-    app: &Arc<App<D>>,
+/// Steps 1–2 up to the body: draining, readiness, media type, codings, the declared length, room in the
+/// queue, a body-read permit.
+fn before_the_body<'a, D: Decider>(
+    app: &'a Arc<App<D>>,
     headers: &HeaderMap,
-) -> Result<(Vec<Coding>, crate::queue::Slot<D::Job>), ApiError> {
+) -> Result<(Vec<Coding>, tokio::sync::SemaphorePermit<'a>), ApiError> {
     if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::draining());
     }
@@ -230,9 +238,17 @@ fn before_the_body<D: Decider>(
     {
         return Err(ApiError::too_large(app.config.max_body));
     }
-    // A slot before any work: a full queue answers 429 before the body is even read.
-    let slot = app.queue.reserve()?;
-    Ok((codings, slot))
+    // A full queue answers 429 before the body is even read; the slot itself is taken once the body is in,
+    // so a slow body holds only its read permit.
+    app.queue.has_room()?;
+    let reading = app.bodies.try_acquire().map_err(|_| {
+        app.queue
+            .stats()
+            .rejected_full
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ApiError::bodies_full(2 * app.queue.capacity(), 1)
+    })?;
+    Ok((codings, reading))
 }
 
 /// `/v1/systemone`'s answer to a body the server holds (the warm-up request): steps 2 and 4–7, as a request

@@ -1,8 +1,12 @@
 //! Admission and the engine thread: a bounded queue of admitted requests, and one owned OS thread that
 //! runs engine passes over them (compute never runs on the async runtime).
 //!
-//! - **Slots before work**: a request takes a queue slot ([`Queue::reserve`]) before its body is parsed or
-//!   tokenized; a full queue answers 429 at once.
+//! - **Slots before work**: a request takes a queue slot ([`Queue::reserve`]) once its body has arrived and
+//!   before it is parsed or tokenized; a full queue answers 429 at once, before the body is read
+//!   ([`Queue::has_room`]), and again after it if the queue filled meanwhile. A client slow to send its body
+//!   holds no slot.
+//! - **Long work on a lane**: pieces of long work run on a thread pool of their own beside the engine thread's
+//!   short passes ([`QueueConfig::long_lane`], `lane_loop`).
 //! - **Deadline**: a request still waiting (not started) at its queue deadline is answered 529 by its own
 //!   handler ([`Queue::answer`]) — on time, however long the engine's current pass takes.
 //! - **Between passes** the engine thread drops requests whose client hung up or whose request timeout
@@ -193,6 +197,23 @@ impl<J: Send + 'static> Queue<J> {
             worker: Mutex::new(Some(worker)),
             retry_after: 1,
         }
+    }
+
+    /// Whether a request could take a slot now: 429 when every slot is taken (503 when draining), as
+    /// [`Queue::reserve`] would answer; nothing is held.
+    pub fn has_room(&self) -> Result<(), ApiError> {
+        if lock(&self.shared.inbox).closed {
+            return Err(ApiError::draining());
+        }
+        let depth = self.shared.config.depth;
+        if self.shared.waiting.load(Ordering::SeqCst) >= depth {
+            self.shared
+                .stats
+                .rejected_full
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::queue_full(depth, self.retry_after));
+        }
+        Ok(())
     }
 
     /// Take a queue slot, or 429 at once when every slot is taken (503 when draining).
