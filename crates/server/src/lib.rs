@@ -395,17 +395,27 @@ async fn accept_loop<D: Decider>(
     app: Arc<App<D>>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
 
     let router = router(Arc::clone(&app));
-    let mut builder = hyper::server::conn::http1::Builder::new();
+    // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge (a client that opens with the HTTP/2 preface,
+    // as proxies and gRPC-style clients do): the same routes, guards and answers either way.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
+        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(app.config.header_read_timeout)
         // Above our own limit (`head::check`), which answers with a JSON body where hyper's answer has none.
         .max_headers(head::HYPER_MAX_HEADERS)
         .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        // A stream each for at most this many requests at once per connection (the queue bounds the rest).
+        .max_concurrent_streams(64)
+        .keep_alive_interval(Some(app.config.header_read_timeout))
+        .keep_alive_timeout(app.config.header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(tokio::sync::Semaphore::new(
         app.config.max_connections.max(1),
@@ -433,9 +443,21 @@ async fn accept_loop<D: Decider>(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let first_bytes = app.config.header_read_timeout;
         tokio::spawn(async move {
-            let _ = conn.await;
+            // Telling HTTP/1 from HTTP/2 waits for the first bytes, before hyper's header clock starts: a
+            // connection that sends nothing is closed after the header-read timeout here instead.
+            let mut one = [0u8; 1];
+            if !matches!(
+                tokio::time::timeout(first_bytes, stream.peek(&mut one)).await,
+                Ok(Ok(1..))
+            ) {
+                drop(permit);
+                return;
+            }
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let _ = watcher.watch(conn).await;
             drop(permit);
         });
     }
@@ -444,7 +466,7 @@ async fn accept_loop<D: Decider>(
     // every decision route, no keep-alive) rather than refused at TCP; past the drain deadline whatever is
     // still open is closed.
     let mut draining_builder = builder.clone();
-    draining_builder.keep_alive(false);
+    draining_builder.http1().keep_alive(false);
     let deadline = tokio::time::sleep(app.config.drain_timeout);
     let drained = graceful.shutdown();
     tokio::pin!(deadline, drained);
@@ -464,8 +486,9 @@ async fn accept_loop<D: Decider>(
             r = listener.accept() => {
                 if let Ok((stream, _)) = r {
                     let service = TowerToHyperService::new(router.clone());
-                    let conn = draining_builder.serve_connection(TokioIo::new(stream), service);
+                    let builder = draining_builder.clone();
                     tokio::spawn(async move {
+                        let conn = builder.serve_connection(TokioIo::new(stream), service);
                         let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
                     });
                 }

@@ -446,3 +446,56 @@ fn the_warm_up_request_runs_the_served_path_before_ready() {
     let err = r.stop().expect_err("the server stopped on its own");
     assert!(err.to_string().contains("warm-up"), "{err}");
 }
+
+/// POST `body` to `path` over HTTP/2 with prior knowledge (the preface first, no upgrade): status and body.
+fn post_h2(r: &Running, path: &str, body: &'static [u8]) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = r.addr;
+    rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = http::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        let (resp, mut send) = client.send_request(req, false).unwrap();
+        send.send_data(bytes::Bytes::from_static(body), true)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        let status = resp.status().as_u16();
+        let mut recv = resp.into_body();
+        let mut all = Vec::new();
+        while let Some(chunk) = recv.data().await {
+            let chunk = chunk.unwrap();
+            let _ = recv.flow_control().release_capacity(chunk.len());
+            all.extend_from_slice(&chunk);
+        }
+        (status, serde_json::from_slice(&all).unwrap())
+    })
+}
+
+#[test]
+fn http2_with_prior_knowledge_gets_the_same_answers_and_errors() {
+    let config = ServerConfig {
+        max_body: 200,
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    wait_ready(&r);
+    let (status, v) = post_h2(&r, "/v1/systemone", BODY.as_bytes());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["answers"]["q1"]["type"], "noul", "{v}");
+    // A client error has its documented shape over HTTP/2 too.
+    static BIG: [u8; 300] = [b' '; 300];
+    let (status, v) = post_h2(&r, "/v1/systemone", &BIG);
+    assert_eq!(status, 413, "{v}");
+    assert!(v["detail"]["error_type"].is_string(), "{v}");
+    let (status, _) = post_h2(&r, "/v1/nothing", b"{}");
+    assert_eq!(status, 404);
+}
