@@ -1,17 +1,22 @@
 """A bounded soak of a running `kev serve` on loopback: for DURATION seconds (at most 30 minutes) a mix of
 clients runs at once, then it stops by itself and prints one summary.
 
-Clients (each a thread, closed loop): short valid decisions, long states (tens of thousands of tokens),
-malformed bodies (not JSON, schema errors), oversized work (20,000 questions; a body over the size limit;
-a 6 MB state in a tiny zstd body), and disconnecting clients (a request sent and the socket closed before
-the answer; a slow client that sends half its headers and stops).
+Clients (each a thread, closed loop): short valid decisions, long states (about 27,000 and 60,000 tokens in
+turn), bursts (40 short requests at once every 20 s), malformed bodies (not JSON, schema errors), oversized
+work (20,000 questions; a body over the size limit; a 6 MB state in a tiny gzip body), slow bodies (headers,
+then a byte every half second: 408 from the rate floor), large bodies refused before they are read (4 MB
+multipart: 415, which must arrive whole, not as a reset), and disconnecting clients (a request sent and the
+socket closed before the answer; a slow client that sends half its headers and stops).
 
 Printed: sent / answered / shed (429, 529) / lost (sent, not answered: must be 0) / 5xx other than 529
 (must be 0) / unexpected statuses / p50 and p99 of the short decisions / the server's RSS at start, peak,
 end. Exits 1 if anything was lost, any 5xx was answered, a status was not the expected one, or the server is
 not ready at the end.
 
-usage: python soak.py BASE_URL SERVER_PID [DURATION_S=300]
+usage: python soak.py BASE_URL SERVER_PID [DURATION_S=300] [RSS_ALLOWANCE_MIB]
+
+With RSS_ALLOWANCE_MIB, the server's peak RSS may exceed its RSS at the start by at most that much (start the
+server with `--cache-bytes` and allow the cache budget plus the working memory of the requests in flight).
 """
 import json
 import os
@@ -25,6 +30,7 @@ import urllib.request
 
 base, pid = sys.argv[1], int(sys.argv[2])
 duration = min(float(sys.argv[3]) if len(sys.argv) > 3 else 300.0, 1800.0)
+rss_allowance_mib = float(sys.argv[4]) if len(sys.argv) > 4 else None
 host = urllib.parse.urlparse(base)
 assert host.hostname in ("127.0.0.1", "localhost", "::1"), "loopback only"
 
@@ -103,7 +109,8 @@ def long_client():
     i = 0
     while time.monotonic() < stop_at:
         i += 1
-        state = "".join(f"Line {i}-{k}: the order shipped late and the customer wants a refund.\n" for k in range(1500))
+        lines = 1500 if i % 2 else 3300  # about 27,000 and 60,000 tokens
+        state = "".join(f"Line {i}-{k}: the order shipped late and the customer wants a refund.\n" for k in range(lines))
         body = json.dumps({"state": state, "questions": {"q": {"type": "noul"}}}).encode()
         record("long", (200,), lambda: post(body))
 
@@ -139,6 +146,64 @@ def oversized_client():
         time.sleep(0.2)
 
 
+def raw_status(s):
+    """The status of the answer on socket `s` (None if the server closed without one)."""
+    s.settimeout(30)
+    data = b""
+    while b"\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            return None, data
+        data += chunk
+    return int(data[9:12]), data
+
+
+def slow_body_client():
+    body = json.dumps({"state": "x" * 5000, "questions": {"q": {"type": "noul"}}}).encode()
+    while time.monotonic() < stop_at:
+        def one():
+            s = socket.create_connection((host.hostname, host.port), timeout=30)
+            try:
+                s.sendall(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode())
+                for k in range(len(body)):
+                    try:
+                        s.sendall(body[k:k + 1])
+                    except OSError:
+                        break  # cut by the server: its answer is waiting
+                    s.settimeout(0.5)
+                    try:
+                        if s.recv(1, socket.MSG_PEEK):
+                            break
+                    except (socket.timeout, BlockingIOError):
+                        pass
+                status, data = raw_status(s)
+                if status is None:
+                    raise ConnectionError("closed without an answer")
+                return status, data
+            finally:
+                s.close()
+        record("slow body", (408,), one)
+
+
+def refused_big_client():
+    big = b"--x\r\n" + b"a" * (4 << 20) + b"\r\n--x--\r\n"
+    while time.monotonic() < stop_at:
+        record("4 MB multipart", (415,), lambda: post(big, {"content-type": "multipart/form-data; boundary=x"}))
+        time.sleep(0.5)
+
+
+def burst_client():
+    body = json.dumps({"state": "A burst: is this urgent?", "questions": {"q": {"type": "noul"}}}).encode()
+    while time.monotonic() < stop_at:
+        ts = [threading.Thread(target=record, args=("burst", (200,), lambda: post(body))) for _ in range(40)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        time.sleep(20)
+
+
 def disconnect_client():
     body = json.dumps({"state": "A request whose client leaves before the answer.",
                        "questions": {"q": {"type": "noul"}}}).encode()
@@ -164,7 +229,9 @@ rss_start = rss_kib()
 rss_peak = rss_start
 threads = [threading.Thread(target=short_client, args=(k,)) for k in range(4)]
 threads += [threading.Thread(target=long_client), threading.Thread(target=malformed_client),
-            threading.Thread(target=oversized_client), threading.Thread(target=disconnect_client)]
+            threading.Thread(target=oversized_client), threading.Thread(target=disconnect_client),
+            threading.Thread(target=slow_body_client), threading.Thread(target=refused_big_client),
+            threading.Thread(target=burst_client)]
 t0 = time.monotonic()
 for t in threads:
     t.start()
@@ -193,4 +260,8 @@ print(f"ready at the end: {ready}")
 for u in unexpected[:20]:
     print("  " + u)
 ok = counts["lost"] == 0 and counts["5xx"] == 0 and counts["unexpected"] == 0 and ready == 200
+if rss_allowance_mib is not None:
+    grew = (rss_peak - rss_start) / 1024
+    print(f"RSS growth {grew:.0f} MiB (allowance {rss_allowance_mib:.0f} MiB)")
+    ok = ok and grew <= rss_allowance_mib
 sys.exit(0 if ok else 1)

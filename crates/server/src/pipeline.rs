@@ -4,7 +4,7 @@
 //! are the pipeline's, in this order, for every route:
 //!
 //! 1. draining → 503; not ready → 503; a multipart body → 415; an unknown `Content-Encoding` → 415; a declared
-//!    `Content-Length` over the body limit → 413 at once (nothing held, nothing read);
+//!    `Content-Length` over the body limit → 413 at once (nothing held; the body is thrown away as it comes);
 //! 2. a full queue answers 429 before the body is read ([`crate::queue::Queue::has_room`]), and a body-read
 //!    permit (twice the queue depth; none left → 429) bounds the bodies being read at once;
 //! 3. the body, within the body-read timeout (408), the rate floor (408) and the body limit (413); then
@@ -121,16 +121,11 @@ pub(crate) async fn handle<D: Decider, R: Route<D>>(
     let key = parts.extensions.get::<KeyPass>().cloned();
     let rid = request_id(&headers);
     let (answer, unread) = serve(&app, route, &headers, body, key, &rid).await;
-    // A body declared over the limit is not read at all (the 413 says so; reading it would be the work the
-    // limit refuses).
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u128>().ok());
-    if let Some(body) = unread
-        && declared.is_none_or(|n| n <= app.config.max_body as u128)
-    {
-        discard_in_background(body, app.config.max_body);
+    // An answer given before the body was read (429, 503, 415, and 413 for a declared length over the limit)
+    // must reach a client that sends its whole body before it reads: the body is read and thrown away, at
+    // most the limit plus what a 413 after reading lingers for, for at most 2 s.
+    if let Some(body) = unread {
+        discard_in_background(body, app.config.max_body + LINGER_BYTES);
     }
     let mut resp = match answer {
         Ok(v) => json_response(StatusCode::OK, &v),
