@@ -394,6 +394,11 @@ const SLICE_MEMORY: Duration = Duration::from_secs(2);
 /// request takes its turn).
 const LANE_PIECE: Duration = Duration::from_millis(250);
 
+/// The longest a lane piece may stay out (paused while short passes run back to back) before it gets
+/// the machine: under a saturating stream of short requests long work still gets about a fifth of it
+/// (a 250 ms piece every ~1.25 s), enough to finish a 60,000-token state inside the request timeout.
+const LANE_STARVE: Duration = Duration::from_secs(1);
+
 /// Make the calling thread a lane thread: the OS runs it only on a core nothing else wants
 /// (`SCHED_IDLE`; nice 19 where that is refused), and the engine pauses it at safe points while a short
 /// pass runs ([`kev_engine::background`]). Measured on 2 cores beside a 62,000-token state: nice 10
@@ -645,9 +650,11 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
         } else {
             sched::plan(&cands, &policy, target)
         };
-        // A lane piece out longer than `solo_piece` (short passes back to back kept it paused) gets the
-        // machine: no short pass starts until it is back, so long work never starves.
-        let lane_starved = away.is_some() && now.duration_since(away_since) > policy.solo_piece;
+        // A lane piece out longer than `LANE_STARVE` (or `solo_piece`, if shorter) because short passes
+        // back to back kept it paused gets the machine: no short pass starts until it is back, so long work
+        // never starves.
+        let lane_starved =
+            away.is_some() && now.duration_since(away_since) > policy.solo_piece.min(LANE_STARVE);
         let mut granted: Vec<Option<usize>> = vec![None; jobs.len()];
         for &(i, tokens) in plan.grants.iter().filter(|_| !lane_starved) {
             if start_part(&shared, &mut jobs[i], now) {

@@ -1,6 +1,10 @@
 //! Which requests the next engine pass advances, and by how many tokens: a plain function of what every
 //! admitted request has left, unit-tested directly.
 //!
+//! With the long lane (`ServerConfig::long_lane`, the default) long work never reaches this planner: the
+//! queue hands it to the lane one piece at a time and plans short passes from the rest; the partial pieces
+//! below are the policy without the lane (`--long-lane off`).
+//!
 //! The policy (chunked prefill with shortest-remaining-first and aging):
 //! - A pass has a token budget (`pass_tokens`). Requests are taken **shortest remaining work first**; each
 //!   gets its whole current phase (its state prefix, or all its question rows) while that fits the budget.

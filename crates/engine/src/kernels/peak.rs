@@ -2,8 +2,11 @@
 //! AVX-512, NEON's q registers), BF16 dot-product throughput and, with AMX, the tile products' throughput,
 //! on all cores, with 12 independent accumulator chains per thread (the micro-benchmark of peers-notes
 //! Appendix A, in Rust). The int8 ceilings are the same kind of loop over the integer chains the int8
-//! kernels are built from (`x86_peak.rs`): on AVX2 `vpmaddubsw → vpmaddwd → vpaddd` (the classic chain),
-//! its pair-sum variant, and `vpmaddwd → vpaddd` on i16 operands (what kev's AVX2 kernel runs); with VNNI
+//! kernels are built from (`x86_peak.rs`): on AVX2 `vpmaddubsw → vpmaddwd → vpaddd` (the classic chain,
+//! exact only on unsigned × signed bytes), the same with `vpsignb` (exact on signed × signed: kev's
+//! operands), its pair-sum variant (four products in i16: exact only where a bound holds, which on
+//! int8 data quantised by absmax almost no block meets — docs/results/engine.md), and `vpmaddwd → vpaddd`
+//! on i16 operands (what kev's AVX2 kernel runs: the fastest exact chain); with VNNI
 //! `vpdpbusd` on zmm and ymm. The bench reports achieved GFLOP/s (GOP/s) as a share of the peak of the
 //! instruction set it ran, measured in the same run.
 
@@ -35,7 +38,8 @@ pub struct Peak {
     /// register-resident rate of the instruction chain its microkernel runs (AMX: the tile peak); `None`
     /// for the portable path.
     pub int8_gops: Option<f64>,
-    /// Every int8 chain this CPU has, by name (`avx2 maddubsw`, `avx2 pair-sum`, `avx2 maddwd`, `vnni
+    /// Every int8 chain this CPU has, by name (`avx2 maddubsw`, `avx2 maddubsw signed`, `avx2 pair-sum`,
+    /// `avx2 maddwd`, `vnni
     /// zmm`, `vnni ymm`, `avx-vnni ymm`), GOP/s on all threads.
     pub int8_by_chain: Vec<(String, f64)>,
 }

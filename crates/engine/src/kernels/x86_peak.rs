@@ -11,6 +11,10 @@ use std::arch::asm;
 pub(crate) enum Chain {
     /// AVX2 `vpmaddubsw` → `vpmaddwd` (by ones) → `vpaddd`: 32 u8 × s8 multiply-adds per `vpmaddubsw`.
     MaddubsAvx2,
+    /// AVX2 `vpsignb` → `vpmaddubsw` → `vpmaddwd` → `vpaddd`: the classic chain made exact for signed ×
+    /// signed bytes (`|a|` unsigned, the sign moved onto the other operand, one `vpsignb` per product
+    /// vector); the only exact form of `vpmaddubsw` for any int8 data, slower than `vpmaddwd` on i16.
+    SignedMaddubsAvx2,
     /// AVX2 with two `vpmaddubsw` results summed in i16 (`vpaddw`) before one `vpmaddwd`: the pair-sum
     /// variant, where a bound allows it.
     PairSumAvx2,
@@ -26,8 +30,9 @@ pub(crate) enum Chain {
 
 impl Chain {
     /// Every chain, the AVX2 ones first.
-    const ALL: [Chain; 6] = [
+    const ALL: [Chain; 7] = [
         Chain::MaddubsAvx2,
+        Chain::SignedMaddubsAvx2,
         Chain::PairSumAvx2,
         Chain::MaddwdAvx2,
         Chain::VnniYmmVex,
@@ -41,7 +46,10 @@ impl Chain {
         Self::ALL
             .into_iter()
             .filter(|c| match c {
-                Chain::MaddubsAvx2 | Chain::PairSumAvx2 | Chain::MaddwdAvx2 => has!("avx2"),
+                Chain::MaddubsAvx2
+                | Chain::SignedMaddubsAvx2
+                | Chain::PairSumAvx2
+                | Chain::MaddwdAvx2 => has!("avx2"),
                 Chain::VnniZmm => has!("avx512f") && has!("avx512vnni"),
                 Chain::VnniYmmEvex => has!("avx512f") && has!("avx512vl") && has!("avx512vnni"),
                 Chain::VnniYmmVex => has!("avxvnni"),
@@ -53,6 +61,7 @@ impl Chain {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Chain::MaddubsAvx2 => "avx2 maddubsw",
+            Chain::SignedMaddubsAvx2 => "avx2 maddubsw signed",
             Chain::PairSumAvx2 => "avx2 pair-sum",
             Chain::MaddwdAvx2 => "avx2 maddwd",
             Chain::VnniZmm => "vnni zmm",
@@ -64,7 +73,7 @@ impl Chain {
     /// Multiply-adds per round of [`run`].
     pub(crate) fn macs(self) -> f64 {
         match self {
-            Chain::MaddubsAvx2 => 6.0 * 32.0,
+            Chain::MaddubsAvx2 | Chain::SignedMaddubsAvx2 => 6.0 * 32.0,
             Chain::PairSumAvx2 => 4.0 * 64.0,
             Chain::MaddwdAvx2 => 6.0 * 16.0,
             Chain::VnniZmm => 12.0 * 64.0,
@@ -76,13 +85,14 @@ impl Chain {
 /// `iters` rounds of `chain`.
 ///
 /// # Safety
-/// The CPU has the chain's instructions: AVX2 for the first three, AVX512_VNNI + AVX512VL (+F) for the
+/// The CPU has the chain's instructions: AVX2 for the first four, AVX512_VNNI + AVX512VL (+F) for the
 /// EVEX ones, AVX-VNNI for [`Chain::VnniYmmVex`].
 pub(crate) unsafe fn run(chain: Chain, iters: u64) {
     // SAFETY: the caller checked the instruction set; the loops touch registers only.
     unsafe {
         match chain {
             Chain::MaddubsAvx2 => maddubs(iters),
+            Chain::SignedMaddubsAvx2 => signed_maddubs(iters),
             Chain::PairSumAvx2 => pair_sum(iters),
             Chain::MaddwdAvx2 => maddwd(iters),
             Chain::VnniZmm => vnni_zmm(iters),
@@ -113,6 +123,36 @@ unsafe fn maddubs(iters: u64) {
             "vpmaddubsw ymm0, ymm13, ymm14", "vpmaddubsw ymm1, ymm13, ymm14",
             "vpmaddubsw ymm2, ymm13, ymm14", "vpmaddubsw ymm3, ymm13, ymm14",
             "vpmaddubsw ymm4, ymm13, ymm14", "vpmaddubsw ymm5, ymm13, ymm14",
+            "vpmaddwd ymm0, ymm0, ymm12", "vpmaddwd ymm1, ymm1, ymm12",
+            "vpmaddwd ymm2, ymm2, ymm12", "vpmaddwd ymm3, ymm3, ymm12",
+            "vpmaddwd ymm4, ymm4, ymm12", "vpmaddwd ymm5, ymm5, ymm12",
+            "vpaddd ymm6, ymm6, ymm0", "vpaddd ymm7, ymm7, ymm1",
+            "vpaddd ymm8, ymm8, ymm2", "vpaddd ymm9, ymm9, ymm3",
+            "vpaddd ymm10, ymm10, ymm4", "vpaddd ymm11, ymm11, ymm5",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) iters => _,
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
+            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+            out("ymm12") _, out("ymm13") _, out("ymm14") _,
+            options(nostack, nomem),
+        );
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn signed_maddubs(iters: u64) {
+    // SAFETY: AVX2 (the caller's contract); registers only.
+    unsafe {
+        asm!(
+            ymm_setup!(),
+            "2:",
+            "vpsignb ymm0, ymm14, ymm13", "vpsignb ymm1, ymm14, ymm13",
+            "vpsignb ymm2, ymm14, ymm13", "vpsignb ymm3, ymm14, ymm13",
+            "vpsignb ymm4, ymm14, ymm13", "vpsignb ymm5, ymm14, ymm13",
+            "vpmaddubsw ymm0, ymm13, ymm0", "vpmaddubsw ymm1, ymm13, ymm1",
+            "vpmaddubsw ymm2, ymm13, ymm2", "vpmaddubsw ymm3, ymm13, ymm3",
+            "vpmaddubsw ymm4, ymm13, ymm4", "vpmaddubsw ymm5, ymm13, ymm5",
             "vpmaddwd ymm0, ymm0, ymm12", "vpmaddwd ymm1, ymm1, ymm12",
             "vpmaddwd ymm2, ymm2, ymm12", "vpmaddwd ymm3, ymm3, ymm12",
             "vpmaddwd ymm4, ymm4, ymm12", "vpmaddwd ymm5, ymm5, ymm12",
