@@ -309,39 +309,32 @@ fn process_memory() -> Option<(u64, u64)> {
         example = json!(crate::openapi::models_example()))),
 )]
 async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
+    // `{name, …card}`: a card's fields after its name.
+    let named = |name: &str, card: &Value| {
+        let mut c = serde_json::Map::new();
+        c.insert("name".into(), json!(name));
+        if let Some(obj) = card.as_object() {
+            c.extend(obj.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        Value::Object(c)
+    };
     let card = app.decider.model_card();
     let mut models: Vec<Value> = app
         .config
         .model_names
         .iter()
-        .map(|name| {
-            let mut c = serde_json::Map::new();
-            c.insert("name".into(), json!(name));
-            if let Some(obj) = card.as_object() {
-                for (k, v) in obj {
-                    c.insert(k.clone(), v.clone());
-                }
-            }
-            Value::Object(c)
-        })
+        .map(|name| named(name, &card))
         .collect();
     // With several adapters, each is listed under its own name with its own card (the default's names
     // above carry the default's card).
     let adapters = app.decider.adapter_cards();
     if adapters.len() > 1 {
-        for (name, card) in adapters {
-            if app.config.model_names.contains(&name) {
-                continue;
-            }
-            let mut c = serde_json::Map::new();
-            c.insert("name".into(), json!(name));
-            if let Some(obj) = card.as_object() {
-                for (k, v) in obj {
-                    c.insert(k.clone(), v.clone());
-                }
-            }
-            models.push(Value::Object(c));
-        }
+        models.extend(
+            adapters
+                .iter()
+                .filter(|(name, _)| !app.config.model_names.contains(name))
+                .map(|(name, card)| named(name, card)),
+        );
     }
     json_response(StatusCode::OK, &json!({ "models": models }))
 }
@@ -406,13 +399,13 @@ async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
 )]
 async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: HeaderMap) -> Response {
     if let Some(key) = &app.config.metrics_key {
+        // The API key's own parser: the scheme in any case, spaces after it.
         let given = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| bearer_credentials(v.as_bytes()));
         match given {
             None => return error_response(ApiError::auth_missing(), &request_id(&headers)),
-            Some(k) if !crate::keys::Keys::same_secret(k.as_bytes(), key.as_bytes()) => {
+            Some(k) if !crate::keys::Keys::same_secret(k, key.as_bytes()) => {
                 return error_response(ApiError::auth_invalid(), &request_id(&headers));
             }
             Some(_) => {}
