@@ -608,3 +608,44 @@ fn a_lane_piece_out_past_solo_piece_holds_short_passes_until_it_is_back() {
     );
     assert_eq!(long.join().unwrap(), 200);
 }
+
+#[test]
+fn short_requests_with_a_short_deadline_start_while_a_long_piece_runs() {
+    // After a quiet spell a long state's pieces may be long (here one indivisible 1.2 s unit); with a 500 ms
+    // queue deadline, 30 short requests arriving together during it must all start (the lane runs the long
+    // piece beside them), not all get 529.
+    let config = ServerConfig {
+        pass_tokens: 512,
+        queue_deadline: Duration::from_millis(500),
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let url = r.url("/v1/systemone");
+    let long = std::thread::spawn(move || {
+        send(
+            agent().post(&url).set("content-type", "application/json"),
+            &body_unit("long", 2400, false, 1200),
+        )
+        .0
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let shorts: Vec<_> = (0..30)
+        .map(|i| {
+            let url = r.url("/v1/systemone");
+            std::thread::spawn(move || {
+                send(
+                    agent().post(&url).set("content-type", "application/json"),
+                    &body(&format!("short{i}"), 2, false),
+                )
+                .0
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = shorts.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200),
+        "short requests beside a long piece: {statuses:?}"
+    );
+    assert_eq!(long.join().unwrap(), 200);
+}
