@@ -490,16 +490,8 @@ fn lane_pick(cands: &[Candidate], policy: &Policy) -> Option<(usize, usize)> {
             is_long_work(c, policy) && (c.started || long_started < policy.long_in_flight)
         })
         .min_by_key(|&i| (std::cmp::Reverse(cands[i].skipped), cands[i].seq))?;
-    let c = &cands[i];
     let target = policy.solo_piece.min(LANE_PIECE);
-    let timed = c
-        .rate
-        .map_or(c.need.unit, |r| (r * target.as_secs_f64()) as usize);
-    let grant = timed
-        .min(budget.max(c.need.unit))
-        .min(c.need.phase)
-        .max(c.need.unit);
-    Some((i, grant))
+    Some((i, sched::timed_grant(&cands[i], target, budget)))
 }
 
 /// Mark a part started as it gets its first grant (the request's first part to start frees its slot);

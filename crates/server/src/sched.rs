@@ -68,6 +68,19 @@ pub struct Plan {
     pub partial: Option<usize>,
 }
 
+/// A partial piece's tokens: about `target` at the candidate's measured rate (one unit while its speed is
+/// unknown, which measures it), at most `budget` and its phase, at least one unit.
+pub fn timed_grant(c: &Candidate, target: Duration, budget: usize) -> usize {
+    let timed = match c.rate {
+        Some(rate) => (rate * target.as_secs_f64()) as usize,
+        None => c.need.unit,
+    };
+    timed
+        .min(budget.max(c.need.unit))
+        .min(c.need.phase)
+        .max(c.need.unit)
+}
+
 /// Plan one pass. `slice` is the time a partial piece should take (the recent short passes' duration);
 /// `None` when no short work was seen lately.
 pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Plan {
@@ -112,15 +125,7 @@ pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Pl
             }
             // The piece's time: the recent short passes', or `solo_piece` with none about; a first
             // piece (speed unknown) is one unit, which measures it.
-            let target = slice.unwrap_or(policy.solo_piece);
-            let timed = match c.rate {
-                Some(rate) => (rate * target.as_secs_f64()) as usize,
-                None => c.need.unit,
-            };
-            let grant = timed
-                .min(budget.max(c.need.unit))
-                .min(c.need.phase)
-                .max(c.need.unit);
+            let grant = timed_grant(c, slice.unwrap_or(policy.solo_piece), budget);
             out.grants.push((i, grant));
             out.partial = Some(i);
             budget = budget.saturating_sub(grant);
