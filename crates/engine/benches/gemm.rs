@@ -1,11 +1,13 @@
 //! GEMM benchmark on the 4B projection shapes: kev's fp32, bf16 and int8 arms (BF16 weights; int8 quantised
 //! from them) against the `gemm` crate's f32 GEMM (weights pre-widened to f32, its best case). `cargo bench
 //! -p kev-engine --bench gemm`; `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions
-//! (median reported), `KEV_BENCH_ARMS=fp32,bf16,int8,crate` the columns (all by default).
+//! (median reported), `KEV_BENCH_ARMS=fp32,bf16,int8,crate` the columns (all by default),
+//! `KEV_BENCH_INT8=wide` 8-bit weights for the int8 column (default: the rule's 7-bit weights,
+//! `WeightQuant::narrow`, which AVX2 multiplies with `vpmaddubsw`); each read against its own chain's ceiling.
 
 use std::time::Instant;
 
-use kev_engine::kernels::int8::gemm_int8;
+use kev_engine::kernels::int8::{WeightQuant, ceiling_chain, gemm_int8};
 use kev_engine::kernels::peak::{self, process_cpu_seconds};
 use kev_engine::kernels::{
     Arm, Kernels, PackedInt8, PackedMatrix, Rows, RowsMut, Run, bf16_bits, bf16_to_f32, gemm,
@@ -54,7 +56,16 @@ fn main() {
     );
     // The ceilings the rates are read against, measured now (the machine may be shared).
     let pk = peak::measure(kern, 1.0);
-    let int8_ceiling = pk.as_ref().and_then(|p| p.int8_gops);
+    let narrow = std::env::var("KEV_BENCH_INT8").map_or(true, |v| v != "wide");
+    // The ceiling of the chain the int8 column's weights run (AVX2: by their width).
+    let int8_ceiling = pk.as_ref().and_then(|p| match ceiling_chain(kern, narrow) {
+        Some(chain) => p
+            .int8_by_chain
+            .iter()
+            .find(|(c, _)| c == chain)
+            .map(|(_, g)| *g),
+        None => p.int8_gops,
+    });
     if let Some(p) = &pk {
         let chains: Vec<String> = p
             .int8_by_chain
@@ -91,7 +102,19 @@ fn main() {
             .map(|_| bf16_to_f32(bf16_bits(rnd() * 0.05)))
             .collect();
         let packed = PackedMatrix::from_f32(n, k, &w);
-        let q8 = on("int8").then(|| PackedInt8::from_f32(n, k, &w));
+        let q8 = on("int8").then(|| {
+            let quant = WeightQuant {
+                narrow,
+                ..WeightQuant::default()
+            };
+            PackedInt8::from_rows_opts(
+                n,
+                k,
+                |r, o| o.copy_from_slice(&w[r * k..(r + 1) * k]),
+                None,
+                quant,
+            )
+        });
         for &m in &ms {
             // Rows padded by one cache line, as the engine lays out its activations.
             let lda = k + 16;

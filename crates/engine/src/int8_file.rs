@@ -5,12 +5,13 @@
 //! (`layers.{i}.linear_attn.in_proj` = `[in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]`,
 //! `layers.{i}.self_attn.qkv_proj` = `[q_proj; k_proj; v_proj]`, `layers.{i}.mlp.gate_up_proj` =
 //! `[gate_proj; up_proj]`, and the unfused `out_proj`, `o_proj`, `down_proj`):
-//! - `P.qweight`: I8 `[n, k]` row-major, `round(W[j,k]·f[k] / s_w[j])` in `[−127, 127]`;
+//! - `P.qweight`: I8 `[n, k]` row-major, `round(W[j,k]·f[k] / s_w[j])` in `[−127, 127]` (`[−63, 63]`
+//!   for the rule's 7-bit weights; a projection whose values all fit there runs AVX2's narrow kernel);
 //! - `P.scale`: F32 `[n]`, `s_w`;
 //! - `P.smooth`: F32 `[k]`, the SmoothQuant factors `f` (absent when the projection is not smoothed).
 //!
-//! The metadata holds `format` = [`INT8_FORMAT`] and whatever the writer records (scheme, `alpha`,
-//! calibration source). Everything else of the model (embedding, norms, GDN parameters, head) stays in the
+//! The metadata holds `format` = [`INT8_FORMAT`], `weight_bits` (`7` when every stored projection is
+//! narrow, else `8`; informative) and whatever the writer records (scheme, `alpha`, calibration source). Everything else of the model (embedding, norms, GDN parameters, head) stays in the
 //! merged shards beside it.
 
 use std::collections::HashMap;
@@ -32,6 +33,8 @@ pub const INT8_FORMAT: &str = "kev-int8-w8a8/1";
 const META_ISLANDS: &str = "islands";
 /// Metadata: `fp32` when every GDN `in_proj`'s gate rows are computed in fp32 from the merged weights.
 const META_GATES: &str = "gdn_gates";
+/// Metadata: `7` or `8`, the widest stored weight (informative: the loader reads the values).
+const META_WEIGHT_BITS: &str = "weight_bits";
 
 /// The `__metadata__` of a safetensors file (its header only is read).
 fn read_metadata(path: &Path) -> Result<HashMap<String, String>, String> {
@@ -65,7 +68,7 @@ impl Backbone {
     /// with `meta` added to the file's metadata.
     pub fn write_int8(&self, path: &Path, meta: &[(&str, String)]) -> Result<(), EngineError> {
         let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        let (mut islands, mut gates) = (Vec::new(), false);
+        let (mut islands, mut gates, mut narrow) = (Vec::new(), false, true);
         for (name, l, _) in self.projections() {
             if l.island != Island::None {
                 // Computed from the prepared directory's merged bf16 weights: only its name is stored.
@@ -85,6 +88,7 @@ impl Backbone {
                     "{name}: no int8 form to write (quantise first; bf16 islands are not stored)"
                 ))
             })?;
+            narrow &= q.narrow();
             let bytes: Vec<u8> = q.q_rows().into_iter().map(|x| x as u8).collect();
             tensors.push((
                 format!("{name}.qweight"),
@@ -124,6 +128,11 @@ impl Backbone {
         if gates {
             info.insert(META_GATES.into(), "fp32".into());
         }
+        // For readers of the file: the loader decides each projection's kernel from its values.
+        info.insert(
+            META_WEIGHT_BITS.into(),
+            if narrow { "7" } else { "8" }.into(),
+        );
         safetensors::tensor::serialize_to_file(views, Some(info), path)
             .map_err(|e| EngineError::Int8(format!("{}: {e}", path.display())))
     }

@@ -129,7 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let source = match args.calibration.as_deref() {
             Some(path) => format!("{} ({} requests)", path.display(), bodies.len()),
-            None => "none (plain W8A8)".to_string(),
+            None => "none (the rule, no smoothing)".to_string(),
         };
         kev_prepare::add_output(&report.out, kev_engine::INT8_FILE, |file| {
             let kev = if bodies.is_empty() {
@@ -140,9 +140,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .0
             };
             let scheme = format!(
-                "W8A8: int8 weights per output channel, int8 activations per token, SmoothQuant alpha {} on {:?}; \
-                 bf16 islands (layer, projection) {:?}",
-                plan.alpha, plan.scope, plan.bf16_layer_islands
+                "{}: {}-bit weights per output channel (stored as int8), int8 activations per token, \
+                 SmoothQuant alpha {} on {:?}; bf16 islands (layer, projection) {:?}",
+                if plan.narrow_weights { "W7A8" } else { "W8A8" },
+                if plan.narrow_weights { 7 } else { 8 },
+                plan.alpha,
+                plan.scope,
+                plan.bf16_layer_islands
             );
             kev.backend()
                 .model()

@@ -1,7 +1,8 @@
-//! The int8 arm: W8A8 GEMM `C = A · Wᵀ` with exact integer accumulation.
+//! The int8 arm: W8A8 (or W7A8) GEMM `C = A · Wᵀ` with exact integer accumulation.
 //!
 //! **Weights** ([`PackedInt8`]): per output channel `j`, symmetric, `s_w[j] = max_k |W[j,k]| / 127` and
-//! `q_w = round(W / s_w)` in `[−127, 127]` (−128 never occurs). Panels of [`NR`] = 64 outputs as for the
+//! `q_w = round(W / s_w)` in `[−127, 127]` (−128 never occurs); or, [`WeightQuant::narrow`] (the
+//! rule's 7-bit weights), `/ 63` and `[−63, 63]`. Panels of [`NR`] = 64 outputs as for the
 //! other arms; inside a panel the inputs go in groups of [`G`] = 4, `[k/4][64][4]` bytes: one 512-bit load
 //! is 16 outputs × 4 inputs, exactly the operand of `vpdpbusd`, and a 256-bit load is 8 × 4 for AVX2.
 //! Each panel also keeps `Σ_k q_w[j,k]` (for the VNNI zero-point correction) and the f32 scales.
@@ -14,11 +15,12 @@
 //! - VNNI (`vpdpbusd`, u8 × s8): activations shifted to `q_a + 128` in `[1, 255]`; the kernel computes
 //!   `Σ (q_a + 128)·q_w`, and `128 · Σ q_w` is subtracted per output afterwards. `vpdpbusd` does not
 //!   saturate; |sum| ≤ 255 · 127 · k < 2³¹ for k < 66,000 (asserted).
-//! - AVX2 (`vpmaddubsw` + `vpmaddwd`): `vpmaddubsw` adds two u8 × s8 products into an i16 *with
-//!   saturation*. The activations are not shifted here: the unsigned operand is `|q_a| ≤ 127` (`vpabsb`)
-//!   and the sign moves onto the weight (`vpsignb`, `q_w · sign(q_a)`, safe as `q_w ≠ −128`), so a pair
-//!   is at most 2 · 127 · 127 = 32,258 < 32,767: it cannot saturate. `vpmaddwd` by ones widens the pairs
-//!   to i32 exactly.
+//! - AVX2, 8-bit weights (`vpmaddwd`): activations and weights sign-extended to i16 (the weights per
+//!   block, into L1), `vpmaddwd` adds two i16 products into an i32 (each at most 127², no overflow).
+//! - AVX2, narrow weights (`vpmaddubsw` + `vpmaddwd` by ones): the VNNI operands (`q_a + 128`, s8
+//!   weights); `vpmaddubsw` adds two u8 × s8 products into an i16 *with saturation*, which cannot occur
+//!   when `|q_w| ≤ 63`: a pair is at most 2 · 255 · 63 = 32,130 < 32,767. The same `128 · Σ q_w`
+//!   correction as VNNI. On 8-bit weights a pair could reach 64,770, so those stay on `vpmaddwd`.
 //! - Portable: plain i32 multiply-adds (the reference).
 //!
 //! **Smoothing** (optional, SmoothQuant): a per-input-channel factor `f[k]` moves the range of outlier
@@ -59,6 +61,8 @@ pub struct PackedInt8 {
     unsmooth: Option<Vec<f32>>,
     /// The factors `f[k]` themselves (for the stored form).
     factors: Option<Vec<f32>>,
+    /// Every `|q_w| ≤` [`NARROW`] (see [`PackedInt8::narrow`]).
+    narrow: bool,
 }
 
 impl std::fmt::Debug for PackedInt8 {
@@ -70,7 +74,9 @@ impl std::fmt::Debug for PackedInt8 {
 /// Quantise one weight row: its scale and `q = round(w / s)` (zero scale for an all-zero row). With
 /// `clip`, the range is the clip ratio `1 − t/100` (t = 0..=20) of `max|w|` with the least squared
 /// rounding error (the first on ties), else `max|w|`.
-fn quantize_weight_row(w: &[f32], q: &mut [i8], clip: bool) -> f32 {
+fn quantize_weight_row(w: &[f32], q: &mut [i8], quant: WeightQuant) -> f32 {
+    let qmax = quant.qmax();
+    let clip = quant.clip;
     let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
     if amax == 0.0 || !amax.is_finite() {
         q.fill(0);
@@ -79,10 +85,10 @@ fn quantize_weight_row(w: &[f32], q: &mut [i8], clip: bool) -> f32 {
     let mut range = amax;
     if clip {
         let err = |r: f32| {
-            let s = r / 127.0;
+            let s = r / qmax;
             w.iter()
                 .map(|x| {
-                    let d = (x / s).round_ties_even().clamp(-127.0, 127.0) * s - x;
+                    let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
                     d as f64 * d as f64
                 })
                 .sum::<f64>()
@@ -96,12 +102,34 @@ fn quantize_weight_row(w: &[f32], q: &mut [i8], clip: bool) -> f32 {
             }
         }
     }
-    let s = range / 127.0;
+    let s = range / qmax;
     for (d, x) in q.iter_mut().zip(w) {
-        *d = (x / s).round_ties_even().clamp(-127.0, 127.0) as i8;
+        *d = (x / s).round_ties_even().clamp(-qmax, qmax) as i8;
     }
     s
 }
+
+/// How weight rows are quantised.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WeightQuant {
+    /// Each row's range chosen by the least squared rounding error over clip ratios (see
+    /// `quantize_weight_row`) instead of `max|w|`.
+    pub clip: bool,
+    /// 7-bit weights: `s_w = max|w| / 63`, `q_w` in `[−63, 63]`. Such a matrix is [`PackedInt8::narrow`],
+    /// which lets AVX2 use `vpmaddubsw` on it exactly (a third fewer vector operations per product).
+    pub narrow: bool,
+}
+
+impl WeightQuant {
+    /// The largest `|q_w|` (the symmetric range's end).
+    fn qmax(self) -> f32 {
+        if self.narrow { NARROW as f32 } else { 127.0 }
+    }
+}
+
+/// The largest `|q_w|` of a narrow matrix: `2 · 255 · 63 = 32,130` fits the i16 of a `vpmaddubsw` pair
+/// on shifted activations (`q_a + 128 ≤ 255`).
+pub const NARROW: i8 = 63;
 
 impl PackedInt8 {
     /// Quantise and pack `[n, k]` whose row `r` `row(r, buf)` writes into `buf` (`k` f32).
@@ -117,17 +145,16 @@ impl PackedInt8 {
         row: impl Fn(usize, &mut [f32]) + Sync,
         smooth: Option<&[f32]>,
     ) -> Self {
-        Self::from_rows_opts(n, k, row, smooth, false)
+        Self::from_rows_opts(n, k, row, smooth, WeightQuant::default())
     }
 
-    /// As [`PackedInt8::from_rows_smoothed`], each row's scale chosen by the least rounding error over
-    /// clip ratios when `clip` (see `quantize_weight_row`).
+    /// As [`PackedInt8::from_rows_smoothed`], the rows quantised as `quant` says.
     pub fn from_rows_opts(
         n: usize,
         k: usize,
         row: impl Fn(usize, &mut [f32]) + Sync,
         smooth: Option<&[f32]>,
-        clip: bool,
+        quant: WeightQuant,
     ) -> Self {
         if let Some(f) = smooth {
             assert_eq!(f.len(), k, "int8 smoothing: one factor per input");
@@ -164,7 +191,7 @@ impl PackedInt8 {
                             *w *= f;
                         }
                     }
-                    sc[j] = quantize_weight_row(&wrow, &mut qrow, clip);
+                    sc[j] = quantize_weight_row(&wrow, &mut qrow, quant);
                     ws[j] = qrow.iter().map(|&x| x as i32).sum();
                     for (kk, &q) in qrow.iter().enumerate() {
                         chunk[(kk / G) * NR * G + j * G + kk % G] = q;
@@ -180,6 +207,7 @@ impl PackedInt8 {
             wsum,
             unsmooth: smooth.map(|f| f.iter().map(|x| 1.0 / x).collect()),
             factors: smooth.map(<[f32]>::to_vec),
+            narrow: quant.narrow,
         }
     }
 
@@ -236,6 +264,7 @@ impl PackedInt8 {
             wsum,
             unsmooth: smooth.map(|f| f.iter().map(|x| 1.0 / x).collect()),
             factors: smooth.map(<[f32]>::to_vec),
+            narrow: q.iter().all(|v| v.unsigned_abs() <= NARROW as u8),
         })
     }
 
@@ -268,11 +297,11 @@ impl PackedInt8 {
 
     /// Quantise a packed BF16/F32 matrix (what the loader built), optionally smoothed.
     pub fn from_packed(w: &PackedMatrix, smooth: Option<&[f32]>) -> Self {
-        Self::from_packed_clipped(w, smooth, false)
+        Self::from_packed_with(w, smooth, WeightQuant::default())
     }
 
-    /// As [`PackedInt8::from_packed`], with the clip search of `quantize_weight_row` when `clip`.
-    pub fn from_packed_clipped(w: &PackedMatrix, smooth: Option<&[f32]>, clip: bool) -> Self {
+    /// As [`PackedInt8::from_packed`], the rows quantised as `quant` says.
+    pub fn from_packed_with(w: &PackedMatrix, smooth: Option<&[f32]>, quant: WeightQuant) -> Self {
         Self::from_rows_opts(
             w.n(),
             w.k(),
@@ -282,8 +311,14 @@ impl PackedInt8 {
                 }
             },
             smooth,
-            clip,
+            quant,
         )
+    }
+
+    /// Every weight is in `[−63, 63]` ([`NARROW`]): quantised with [`WeightQuant::narrow`], or a stored
+    /// form whose values happen to be. AVX2 then runs `vpmaddubsw`, which is exact on such weights.
+    pub fn narrow(&self) -> bool {
+        self.narrow
     }
 
     /// The activation multipliers `1 / f[k]`, if the weights were smoothed.
@@ -376,7 +411,7 @@ pub(crate) use drive::Dequantised;
 pub(crate) use drive::MR8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use drive::Path;
-pub use drive::gemm_int8;
+pub use drive::{ceiling_chain, gemm_int8};
 
 #[cfg(test)]
 mod tests;

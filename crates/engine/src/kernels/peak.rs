@@ -35,8 +35,8 @@ pub struct Peak {
     /// whichever the kernels use.
     pub fp32_by_isa: Vec<(String, f64)>,
     /// The int8 ceiling of the kernels' int8 path in GOP/s (2 per multiply-add), all threads: the
-    /// register-resident rate of the instruction chain its microkernel runs (AMX: the tile peak); `None`
-    /// for the portable path.
+    /// register-resident rate of the instruction chain its microkernel runs on the rule's 7-bit weights
+    /// (AVX2: `avx2 maddubsw`; AMX: the tile peak); `None` for the portable path.
     pub int8_gops: Option<f64>,
     /// Every int8 chain this CPU has, by name (`avx2 maddubsw`, `avx2 maddubsw signed`, `avx2 pair-sum`,
     /// `avx2 maddwd`, `vnni
@@ -159,7 +159,8 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
 #[cfg(target_arch = "x86_64")]
 fn int8_ceilings(kern: Kernels, seconds: f64) -> (Vec<(String, f64)>, Option<f64>) {
     use super::x86_peak::{Chain, run};
-    let own = super::int8::Path::of(kern).chain();
+    // The rule's weights are narrow (7-bit): the chain the int8 arm runs on them.
+    let own = super::int8::Path::of(kern).narrowed().chain();
     let mut out = Vec::new();
     let mut mine = None;
     for chain in Chain::available() {

@@ -85,10 +85,11 @@ pub(crate) unsafe fn ukr_vnni(
     }
 }
 
-/// `vpdpbusd` on ymm, one body for both encodings: 6 rows × 2 vectors of 8 outputs (12 accumulators,
-/// two weight registers and the broadcast: 15 of the 16 registers VEX code has), four column blocks.
-macro_rules! ukr_vnni_ymm {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $dp:ident) => {
+/// The lane of `vpdpbusd` on ymm (`x + Σ_t a[t] · b[t]` per i32 lane, u8 `a`, s8 `b`), one body for every
+/// encoding of it: 6 rows × 2 vectors of 8 outputs (12 accumulators, two weight registers and the
+/// broadcast: 15 of the 16 registers VEX code has), four column blocks.
+macro_rules! ukr_ymm_dp {
+    ($(#[$doc:meta])* $name:ident, $features:literal, |$x:ident, $a:ident, $b:ident| $dp:expr) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -121,7 +122,8 @@ macro_rules! ukr_vnni_ymm {
                             let ar = (a.add((g * MR8 + r) * G) as *const i32).read_unaligned();
                             let ar = _mm256_set1_epi32(ar);
                             for (v, x) in row.iter_mut().enumerate() {
-                                *x = $dp(*x, ar, bv[v]);
+                                let ($x, $a, $b) = (*x, ar, bv[v]);
+                                *x = $dp;
                             }
                         }
                     }
@@ -136,19 +138,33 @@ macro_rules! ukr_vnni_ymm {
     };
 }
 
-ukr_vnni_ymm!(
+ukr_ymm_dp!(
     /// AVX-VNNI (VEX `vpdpbusd` on ymm): u8 activations (`q_a + 128`), s8 weights.
     ukr_vnni_ymm,
     "avx2,avxvnni",
-    _mm256_dpbusd_avx_epi32
+    |x, a, b| _mm256_dpbusd_avx_epi32(x, a, b)
 );
 
-ukr_vnni_ymm!(
+ukr_ymm_dp!(
     /// The same kernel as [`ukr_vnni_ymm`] in the EVEX encoding (AVX512_VNNI + VL): what the tests run
     /// on AVX-512 machines, which lack AVX-VNNI.
     ukr_vnni_ymm_evex,
     "avx2,avx512f,avx512vl,avx512vnni",
-    _mm256_dpbusd_epi32
+    |x, a, b| _mm256_dpbusd_epi32(x, a, b)
+);
+
+ukr_ymm_dp!(
+    /// AVX2 on narrow weights (`|q_w| ≤ 63`, see `PackedInt8::narrow`): `vpdpbusd`'s lane in three
+    /// instructions, `vpmaddubsw` on the VNNI operands (u8 `q_a + 128`, s8 weights), `vpmaddwd` by ones,
+    /// `vpaddd`. A `vpmaddubsw` pair is at most 2 · 255 · 63 = 32,130 < 32,767, so its i16 saturation
+    /// cannot occur and the sums are the exact ones of every other path. Three vector operations per 32
+    /// multiply-adds where `vpmaddwd` on i16 needs four, and no widening of the weights.
+    ukr_avx2_narrow,
+    "avx2",
+    |x, a, b| _mm256_add_epi32(
+        x,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+    )
 );
 
 /// AVX2: `vpmaddwd` on i16 activations and i16 weights (the block widened by [`widen_avx2`]), `vpaddd`

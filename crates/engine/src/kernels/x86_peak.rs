@@ -9,7 +9,8 @@ use std::arch::asm;
 /// A chain measured by [`run`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Chain {
-    /// AVX2 `vpmaddubsw` → `vpmaddwd` (by ones) → `vpaddd`: 32 u8 × s8 multiply-adds per `vpmaddubsw`.
+    /// AVX2 `vpmaddubsw` → `vpmaddwd` (by ones) → `vpaddd`: 32 u8 × s8 multiply-adds per `vpmaddubsw`;
+    /// exact on 7-bit weights (the AVX2 kernel for the rule's weights, `ukr_avx2_narrow`).
     MaddubsAvx2,
     /// AVX2 `vpsignb` → `vpmaddubsw` → `vpmaddwd` → `vpaddd`: the classic chain made exact for signed ×
     /// signed bytes (`|a|` unsigned, the sign moved onto the other operand, one `vpsignb` per product

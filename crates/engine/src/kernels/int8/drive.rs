@@ -30,6 +30,10 @@ pub(crate) enum Path {
     /// AVX2 `vpmaddwd` on i16 activations and weights widened to i16 per block, `vpaddd`.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX2 on narrow weights (`|q_w| ≤ 63`): `vpmaddubsw` on the VNNI operands, `vpmaddwd` by ones,
+    /// `vpaddd` (exact there: see `ukr_avx2_narrow`).
+    #[cfg(target_arch = "x86_64")]
+    Avx2Narrow,
     /// AVX-VNNI `vpdpbusd` on ymm (VEX).
     #[cfg(target_arch = "x86_64")]
     VnniYmm,
@@ -74,6 +78,25 @@ impl Path {
         Path::Portable
     }
 
+    /// The path for `w`: AVX2 takes its `vpmaddubsw` kernel where every weight is narrow.
+    pub(crate) fn for_weights(self, w: &PackedInt8) -> Path {
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Avx2 && w.narrow() {
+            return Path::Avx2Narrow;
+        }
+        let _ = w;
+        self
+    }
+
+    /// The path for narrow weights (the rule's): what the int8 arm runs on a model quantised by it.
+    pub(crate) fn narrowed(self) -> Path {
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Avx2 {
+            return Path::Avx2Narrow;
+        }
+        self
+    }
+
     /// Every path this CPU can run with `kern`'s instruction set or below it, beside the one
     /// [`Path::of`] picks: what the tests loop over.
     #[cfg(test)]
@@ -92,7 +115,10 @@ impl Path {
     /// Activations stored as `q_a + 128` (u8, the unsigned operand of `vpdpbusd`).
     fn shift(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if matches!(self, Path::Vnni512 | Path::VnniYmm | Path::VnniYmmEvex) {
+        if matches!(
+            self,
+            Path::Vnni512 | Path::VnniYmm | Path::VnniYmmEvex | Path::Avx2Narrow
+        ) {
             return true;
         }
         false
@@ -124,7 +150,7 @@ impl Path {
         #[cfg(target_arch = "x86_64")]
         match self {
             Path::Avx2 => return 8,
-            Path::VnniYmm | Path::VnniYmmEvex => return 16,
+            Path::VnniYmm | Path::VnniYmmEvex | Path::Avx2Narrow => return 16,
             _ => {}
         }
         #[cfg(target_arch = "aarch64")]
@@ -149,6 +175,7 @@ impl Path {
         use super::super::x86_peak::Chain;
         match self {
             Path::Avx2 => Some(Chain::MaddwdAvx2),
+            Path::Avx2Narrow => Some(Chain::MaddubsAvx2),
             Path::VnniYmm => Some(Chain::VnniYmmVex),
             Path::VnniYmmEvex => Some(Chain::VnniYmmEvex),
             Path::Vnni512 => Some(Chain::VnniZmm),
@@ -166,6 +193,20 @@ thread_local! {
         RefCell::new((AlignedBuf::zeroed(2 * MC * NR), AlignedBuf::zeroed(128 / 2 * NR * G)));
 }
 
+/// The name of the register-resident chain (as `kernels::peak` reports it) that the int8 GEMM runs with
+/// `kern` on narrow (7-bit) or 8-bit weights; `None` where the path has no such chain (portable, AMX).
+pub fn ceiling_chain(kern: Kernels, narrow: bool) -> Option<&'static str> {
+    let path = Path::of(kern);
+    let path = if narrow { path.narrowed() } else { path };
+    #[cfg(target_arch = "x86_64")]
+    return path.chain().map(|c| c.name());
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = path;
+        None
+    }
+}
+
 /// `C[i, j] = Σ_k A[i, k] · W[j, k]` through int8, for `i < m`, `j < w.n()`; strides as in
 /// [`super::super::gemm`].
 pub fn gemm_int8(
@@ -177,7 +218,7 @@ pub fn gemm_int8(
     c: &mut [f32],
     ldc: usize,
 ) {
-    gemm_int8_on(kern, Path::of(kern), m, a, lda, w, c, ldc);
+    gemm_int8_on(kern, Path::of(kern).for_weights(w), m, a, lda, w, c, ldc);
 }
 
 /// [`gemm_int8`] on a given path (the tests choose paths [`Path::of`] would not).
@@ -203,6 +244,11 @@ pub(crate) fn gemm_int8_on(
     assert!(
         ldc >= n && c.len() >= (m - 1) * ldc + n,
         "gemm_int8: C too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        path != Path::Avx2Narrow || w.narrow(),
+        "gemm_int8: vpmaddubsw is exact on narrow weights only"
     );
     SCRATCH.with(|s| {
         let (mut qa, mut sa) = std::mem::take(&mut *s.borrow_mut());
@@ -689,6 +735,8 @@ unsafe fn ukr(
             Path::VnniYmmEvex => x::ukr_vnni_ymm_evex(kg, a, b as *const i8, acc, rows, load),
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => x::ukr_avx2(kg, a, b as *const i16, acc, rows, load, store),
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx2Narrow => x::ukr_avx2_narrow(kg, a, b as *const i8, acc, rows, load),
             #[cfg(target_arch = "x86_64")]
             Path::Amx => unreachable!("AMX runs whole tile blocks (run_panels_amx)"),
             #[cfg(target_arch = "aarch64")]

@@ -24,6 +24,21 @@ fn naive(m: usize, a: &[f32], lda: usize, w: &PackedInt8) -> Vec<f32> {
     out
 }
 
+/// `[n, k]` row-major quantised with 8-bit or, `narrow`, 7-bit weights.
+fn quantised(n: usize, k: usize, w: &[f32], narrow: bool) -> PackedInt8 {
+    let quant = WeightQuant {
+        narrow,
+        ..WeightQuant::default()
+    };
+    PackedInt8::from_rows_opts(
+        n,
+        k,
+        |r, o| o.copy_from_slice(&w[r * k..(r + 1) * k]),
+        None,
+        quant,
+    )
+}
+
 /// Every (kernels, path) pair this CPU can run: each instruction set's own path, and the paths only
 /// the tests choose (the ymm VNNI kernel in its EVEX form).
 fn paths() -> Vec<(Kernels, Path)> {
@@ -71,13 +86,18 @@ fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
         // Several 32-row tile blocks, a partial last one, and a partial last input step.
         (45, 100, 1100),
     ];
-    for (kern, path) in paths() {
+    // Both weight widths: 7-bit weights take AVX2's `vpmaddubsw` kernel (`Path::for_weights`).
+    for (kern, path, narrow) in paths()
+        .into_iter()
+        .flat_map(|(k, p)| [(k, p, false), (k, p, true)])
+    {
         for &(m, n, k) in &shapes {
             let mut seed = (m * 1000 + n * 10 + k) as u64;
             let lda = k + 3;
             let a: Vec<f32> = (0..m * lda).map(|_| lcg(&mut seed) * 4.0).collect();
             let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
-            let w = PackedInt8::from_f32(n, k, &wv);
+            let w = quantised(n, k, &wv, narrow);
+            let path = path.for_weights(&w);
             let want = naive(m, &a, lda, &w);
             let ldc = n + 5;
             let mut c = vec![f32::NAN; m * ldc];
@@ -92,6 +112,62 @@ fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
                 }
                 assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.is_nan()));
             }
+        }
+    }
+}
+
+/// Narrow weights at ±63 against activations at ±127 (stored as 255 and 1 where shifted): the largest
+/// `vpmaddubsw` pairs the narrow AVX2 kernel meets, ±32,130, are exact; every path agrees. And the
+/// kernel choice follows the weights: a stored form with one value past ±63 is not narrow.
+#[test]
+fn narrow_weights_at_their_extremes_are_exact() {
+    let (m, n, k) = (7, 66, 1027);
+    let mut seed = 9u64;
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| match (i / k) % 3 {
+            0 => 2.0,
+            1 => -2.0,
+            _ if lcg(&mut seed) < 0.0 => -2.0,
+            _ => 2.0,
+        })
+        .collect();
+    let wv: Vec<f32> = (0..n * k)
+        .map(|i| {
+            let negative = match (i / k) % 3 {
+                0 => false,
+                1 => true,
+                _ => lcg(&mut seed) < 0.0,
+            };
+            if negative { -0.5 } else { 0.5 }
+        })
+        .collect();
+    let w = quantised(n, k, &wv, true);
+    assert!(w.narrow());
+    assert!((0..n).all(|j| (0..k).all(|c| w.q(j, c).unsigned_abs() == NARROW as u8)));
+    let want = naive(m, &a, k, &w);
+    for (kern, path) in paths() {
+        let path = path.for_weights(&w);
+        let mut c = vec![0f32; m * n];
+        gemm_int8_on(kern, path, m, &a, k, &w, &mut c, n);
+        assert_eq!(
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{kern:?} {path:?}"
+        );
+    }
+    // The stored form decides by its values.
+    let mut q = w.q_rows();
+    let stored = PackedInt8::from_quantised(n, k, &q, w.scales(), None).unwrap();
+    assert!(stored.narrow());
+    q[5] = 64;
+    let wide = PackedInt8::from_quantised(n, k, &q, w.scales(), None).unwrap();
+    assert!(!wide.narrow());
+    assert!(!PackedInt8::from_f32(n, k, &wv).narrow());
+    #[cfg(target_arch = "x86_64")]
+    for (kern, path) in paths() {
+        if path == Path::Avx2 {
+            assert_eq!(path.for_weights(&stored), Path::Avx2Narrow, "{kern:?}");
+            assert_eq!(path.for_weights(&wide), Path::Avx2, "{kern:?}");
         }
     }
 }
@@ -260,7 +336,10 @@ fn clip_search_lowers_the_rounding_error_and_stays_bit_equal() {
         k,
         |r, o| o.copy_from_slice(&wv[r * k..(r + 1) * k]),
         None,
-        true,
+        WeightQuant {
+            clip: true,
+            ..WeightQuant::default()
+        },
     );
     let sq = |w: &PackedInt8, j: usize| -> f64 {
         (0..k)
