@@ -238,13 +238,19 @@ impl Default for ServerConfig {
     }
 }
 
+/// Request bodies read at once for a queue of `queue_depth`: twice the depth, so a full queue's worth of
+/// bodies can arrive while as many requests wait, and slow senders cannot hold more.
+pub(crate) fn body_permits(queue_depth: usize) -> usize {
+    2 * queue_depth.max(1)
+}
+
 /// Shared state of a running server.
 pub struct App<D: Decider> {
     decider: Arc<D>,
     keys: Option<Arc<keys::Keys>>,
     queue: queue::Queue<D::Job>,
     permits: tokio::sync::Semaphore,
-    /// Bodies being read at once: twice the queue depth (see `pipeline::before_the_body`).
+    /// Bodies being read at once: [`body_permits`] (see `pipeline::before_the_body`).
     bodies: tokio::sync::Semaphore,
     config: ServerConfig,
     ready: AtomicBool,
@@ -272,7 +278,7 @@ impl<D: Decider> App<D> {
             },
         );
         let permits = tokio::sync::Semaphore::new(config.admit_permits.max(1));
-        let bodies = tokio::sync::Semaphore::new(2 * config.queue_depth.max(1));
+        let bodies = tokio::sync::Semaphore::new(body_permits(config.queue_depth));
         let unnamed = config.api_key.clone().filter(|k| !k.is_empty());
         let keys = match (config.api_keys.clone(), unnamed) {
             (Some(keys), None) => Some(keys),

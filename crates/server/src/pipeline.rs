@@ -241,7 +241,7 @@ fn before_the_body<'a, D: Decider>(
             .stats()
             .rejected_full
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        ApiError::bodies_full(2 * app.queue.capacity(), 1)
+        ApiError::bodies_full(crate::body_permits(app.queue.capacity()), 1)
     })?;
     Ok((codings, reading))
 }

@@ -202,26 +202,16 @@ impl<J: Send + 'static> Queue<J> {
     /// Whether a request could take a slot now: 429 when every slot is taken (503 when draining), as
     /// [`Queue::reserve`] would answer; nothing is held.
     pub fn has_room(&self) -> Result<(), ApiError> {
-        if lock(&self.shared.inbox).closed {
-            return Err(ApiError::draining());
-        }
-        let depth = self.shared.config.depth;
+        let depth = self.open_depth()?;
         if self.shared.waiting.load(Ordering::SeqCst) >= depth {
-            self.shared
-                .stats
-                .rejected_full
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(ApiError::queue_full(depth, self.retry_after));
+            return Err(self.refuse_full(depth));
         }
         Ok(())
     }
 
     /// Take a queue slot, or 429 at once when every slot is taken (503 when draining).
     pub fn reserve(&self) -> Result<Slot<J>, ApiError> {
-        if lock(&self.shared.inbox).closed {
-            return Err(ApiError::draining());
-        }
-        let depth = self.shared.config.depth;
+        let depth = self.open_depth()?;
         let taken = self
             .shared
             .waiting
@@ -232,14 +222,26 @@ impl<J: Send + 'static> Queue<J> {
             Ok(_) => Ok(Slot {
                 shared: Some(Arc::clone(&self.shared)),
             }),
-            Err(_) => {
-                self.shared
-                    .stats
-                    .rejected_full
-                    .fetch_add(1, Ordering::Relaxed);
-                Err(ApiError::queue_full(depth, self.retry_after))
-            }
+            Err(_) => Err(self.refuse_full(depth)),
         }
+    }
+
+    /// The queue depth, or 503 once draining: the first check of [`Queue::has_room`] and
+    /// [`Queue::reserve`].
+    fn open_depth(&self) -> Result<usize, ApiError> {
+        if lock(&self.shared.inbox).closed {
+            return Err(ApiError::draining());
+        }
+        Ok(self.shared.config.depth)
+    }
+
+    /// The 429 of a full queue, counted.
+    fn refuse_full(&self, depth: usize) -> ApiError {
+        self.shared
+            .stats
+            .rejected_full
+            .fetch_add(1, Ordering::Relaxed);
+        ApiError::queue_full(depth, self.retry_after)
     }
 
     /// Hand a request's admitted parts (`(job, tokens)`, at least one) to the engine, all together: the
