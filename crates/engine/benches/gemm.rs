@@ -102,19 +102,11 @@ fn main() {
             .map(|_| bf16_to_f32(bf16_bits(rnd() * 0.05)))
             .collect();
         let packed = PackedMatrix::from_f32(n, k, &w);
-        let q8 = on("int8").then(|| {
-            let quant = WeightQuant {
-                narrow,
-                ..WeightQuant::default()
-            };
-            PackedInt8::from_rows_opts(
-                n,
-                k,
-                |r, o| o.copy_from_slice(&w[r * k..(r + 1) * k]),
-                None,
-                quant,
-            )
-        });
+        let quant = WeightQuant {
+            narrow,
+            ..WeightQuant::default()
+        };
+        let q8 = on("int8").then(|| PackedInt8::from_f32_with(n, k, &w, quant));
         for &m in &ms {
             // Rows padded by one cache line, as the engine lays out its activations.
             let lda = k + 16;

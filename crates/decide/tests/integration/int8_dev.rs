@@ -70,6 +70,40 @@ fn gap(want: &Probs, got: &Probs) -> Gap {
     }
 }
 
+/// Kev's exact fp32 arm on the dev split (the yardstick), and the printing of candidates against it.
+struct Dev {
+    bodies: Vec<Vec<u8>>,
+    want: Probs,
+    /// The round's prefix on each printed line.
+    tag: &'static str,
+}
+
+impl Dev {
+    fn new(tag: &'static str) -> Self {
+        let bodies = dev_bodies();
+        let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32)))
+            .unwrap()
+            .0;
+        let want = run_all(&exact, &bodies);
+        Dev { bodies, want, tag }
+    }
+
+    fn report(&self, label: &str, got: &Probs) {
+        let g = gap(&self.want, got);
+        eprintln!(
+            "{} {label:<48} max {:.4} p99 {:.4} mean {:.5} rms {:.5} flips {}/{}",
+            self.tag, g.max, g.p99, g.mean, g.rms, g.flips, g.checked
+        );
+    }
+
+    /// The merged weights on the int8 arm as `plan` (calibrated on `calib`) quantises them.
+    fn measure(&self, label: &str, plan: Int8Plan, calib: &[Vec<u8>]) {
+        let s = spec(WeightForm::Merged, Some(Arm::Int8));
+        let (kev, _, _) = load_cpu_int8(&s, calib, plan).unwrap();
+        self.report(label, &run_all(&kev, &self.bodies));
+    }
+}
+
 fn leak<T>(v: Vec<T>) -> &'static [T] {
     Box::leak(v.into_boxed_slice())
 }
@@ -77,30 +111,15 @@ fn leak<T>(v: Vec<T>) -> &'static [T] {
 #[test]
 #[ignore = "selection tool for the int8 rule (dev split only); prints, asserts nothing about the bar"]
 fn int8_candidates_on_the_dev_split() {
-    let bodies = dev_bodies();
-    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32)))
-        .unwrap()
-        .0;
-    let want = run_all(&exact, &bodies);
-    drop(exact);
+    let dev = Dev::new("dev");
+    let bodies = &dev.bodies;
     let merged = load_cpu(&spec(WeightForm::Merged, Some(Arm::Fp32)))
         .unwrap()
         .0;
-    let report = |label: &str, got: &Probs| {
-        let g = gap(&want, got);
-        eprintln!(
-            "dev {label:<48} max {:.4} p99 {:.4} mean {:.5} rms {:.5} flips {}/{}",
-            g.max, g.p99, g.mean, g.rms, g.flips, g.checked
-        );
-    };
-    report("merged fp32 (the floor)", &run_all(&merged, &bodies));
+    dev.report("merged fp32 (the floor)", &run_all(&merged, bodies));
     let names = merged.backend().model().projection_names();
     drop(merged);
-    let s = spec(WeightForm::Merged, Some(Arm::Int8));
-    let measure = |label: &str, plan: Int8Plan, calib: &[Vec<u8>]| {
-        let (kev, _, _) = load_cpu_int8(&s, calib, plan).unwrap();
-        report(label, &run_all(&kev, &bodies));
-    };
+    let measure = |label: &str, plan: Int8Plan, calib: &[Vec<u8>]| dev.measure(label, plan, calib);
     let plain = Int8Plan::plain();
     let fp32_islands = Int8Plan {
         island_arm: Arm::Fp32,
@@ -206,7 +225,7 @@ fn int8_candidates_on_the_dev_split() {
                 gdn_gates_fp32: true,
                 ..plain
             },
-            &bodies,
+            bodies,
         );
     }
 }
@@ -216,29 +235,14 @@ fn int8_candidates_on_the_dev_split() {
 #[test]
 #[ignore = "selection tool for the int8 rule (dev split only); prints, asserts nothing about the bar"]
 fn int8_islands_on_the_dev_split() {
-    let bodies = dev_bodies();
-    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32)))
-        .unwrap()
-        .0;
-    let want = run_all(&exact, &bodies);
-    drop(exact);
-    let report = |label: &str, got: &Probs| {
-        let g = gap(&want, got);
-        eprintln!(
-            "dev2 {label:<48} max {:.4} p99 {:.4} mean {:.5} rms {:.5} flips {}/{}",
-            g.max, g.p99, g.mean, g.rms, g.flips, g.checked
-        );
-    };
+    let dev = Dev::new("dev2");
+    let bodies = &dev.bodies;
     let bf16 = load_cpu(&spec(WeightForm::Merged, Some(Arm::Bf16)))
         .unwrap()
         .0;
-    report("merged bf16 arm", &run_all(&bf16, &bodies));
+    dev.report("merged bf16 arm", &run_all(&bf16, bodies));
     drop(bf16);
-    let s = spec(WeightForm::Merged, Some(Arm::Int8));
-    let measure = |label: &str, plan: Int8Plan, calib: &[Vec<u8>]| {
-        let (kev, _, _) = load_cpu_int8(&s, calib, plan).unwrap();
-        report(label, &run_all(&kev, &bodies));
-    };
+    let measure = |label: &str, plan: Int8Plan, calib: &[Vec<u8>]| dev.measure(label, plan, calib);
     let plain = Int8Plan::plain();
     for (label, at) in [
         ("layer 0 GDN in+out bf16", &[0usize, 1][..]),
@@ -281,7 +285,7 @@ fn int8_islands_on_the_dev_split() {
             scope: SmoothScope::NormInputs,
             ..plain
         },
-        &bodies,
+        bodies,
     );
 }
 
@@ -298,24 +302,8 @@ fn int8_islands_on_the_dev_split() {
 #[test]
 #[ignore = "selection tool for the int8 rule (dev split only); prints, asserts nothing about the bar"]
 fn int8_narrow_weights_on_the_dev_split() {
-    let bodies = dev_bodies();
-    let exact = load_cpu(&spec(WeightForm::Exact, Some(Arm::Fp32)))
-        .unwrap()
-        .0;
-    let want = run_all(&exact, &bodies);
-    drop(exact);
-    let report = |label: &str, got: &Probs| {
-        let g = gap(&want, got);
-        eprintln!(
-            "dev3 {label:<48} max {:.4} p99 {:.4} mean {:.5} rms {:.5} flips {}/{}",
-            g.max, g.p99, g.mean, g.rms, g.flips, g.checked
-        );
-    };
-    let s = spec(WeightForm::Merged, Some(Arm::Int8));
-    let measure = |label: &str, plan: Int8Plan| {
-        let (kev, _, _) = load_cpu_int8(&s, &[], plan).unwrap();
-        report(label, &run_all(&kev, &bodies));
-    };
+    let dev = Dev::new("dev3");
+    let measure = |label: &str, plan: Int8Plan| dev.measure(label, plan, &[]);
     let rule = Int8Plan {
         narrow_weights: false,
         ..Int8Plan::default()

@@ -291,8 +291,14 @@ impl PackedInt8 {
 
     /// Quantise a row-major `[n, k]` f32 matrix.
     pub fn from_f32(n: usize, k: usize, w: &[f32]) -> Self {
+        Self::from_f32_with(n, k, w, WeightQuant::default())
+    }
+
+    /// As [`PackedInt8::from_f32`], the rows quantised as `quant` says.
+    pub fn from_f32_with(n: usize, k: usize, w: &[f32], quant: WeightQuant) -> Self {
         assert_eq!(w.len(), n * k, "int8 pack: size does not match the shape");
-        Self::from_rows(n, k, |r, out| out.copy_from_slice(&w[r * k..(r + 1) * k]))
+        let row = |r: usize, out: &mut [f32]| out.copy_from_slice(&w[r * k..(r + 1) * k]);
+        Self::from_rows_opts(n, k, row, None, quant)
     }
 
     /// Quantise a packed BF16/F32 matrix (what the loader built), optionally smoothed.

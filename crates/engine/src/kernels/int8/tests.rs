@@ -30,13 +30,38 @@ fn quantised(n: usize, k: usize, w: &[f32], narrow: bool) -> PackedInt8 {
         narrow,
         ..WeightQuant::default()
     };
-    PackedInt8::from_rows_opts(
-        n,
-        k,
-        |r, o| o.copy_from_slice(&w[r * k..(r + 1) * k]),
-        None,
-        quant,
-    )
+    PackedInt8::from_f32_with(n, k, w, quant)
+}
+
+/// `rows × k` values of magnitude `v` whose rows go by threes: all positive, all negative, random signs.
+fn signed_rows(rows: usize, k: usize, v: f32, seed: &mut u64) -> Vec<f32> {
+    (0..rows * k)
+        .map(|i| {
+            let negative = match (i / k) % 3 {
+                0 => false,
+                1 => true,
+                _ => lcg(seed) < 0.0,
+            };
+            if negative { -v } else { v }
+        })
+        .collect()
+}
+
+/// `m` rows of `a` (`k` apart) times `w` on every path (the one each takes for `w`'s weights), bit for
+/// bit the definition.
+fn every_path_is_the_definition(m: usize, a: &[f32], k: usize, w: &PackedInt8) {
+    let n = w.n();
+    let want = naive(m, a, k, w);
+    for (kern, path) in paths() {
+        let path = path.for_weights(w);
+        let mut c = vec![0f32; m * n];
+        gemm_int8_on(kern, path, m, a, k, w, &mut c, n);
+        assert_eq!(
+            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{kern:?} {path:?}"
+        );
+    }
 }
 
 /// Every (kernels, path) pair this CPU can run: each instruction set's own path, and the paths only
@@ -123,38 +148,12 @@ fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
 fn narrow_weights_at_their_extremes_are_exact() {
     let (m, n, k) = (7, 66, 1027);
     let mut seed = 9u64;
-    let a: Vec<f32> = (0..m * k)
-        .map(|i| match (i / k) % 3 {
-            0 => 2.0,
-            1 => -2.0,
-            _ if lcg(&mut seed) < 0.0 => -2.0,
-            _ => 2.0,
-        })
-        .collect();
-    let wv: Vec<f32> = (0..n * k)
-        .map(|i| {
-            let negative = match (i / k) % 3 {
-                0 => false,
-                1 => true,
-                _ => lcg(&mut seed) < 0.0,
-            };
-            if negative { -0.5 } else { 0.5 }
-        })
-        .collect();
+    let a = signed_rows(m, k, 2.0, &mut seed);
+    let wv = signed_rows(n, k, 0.5, &mut seed);
     let w = quantised(n, k, &wv, true);
     assert!(w.narrow());
     assert!((0..n).all(|j| (0..k).all(|c| w.q(j, c).unsigned_abs() == NARROW as u8)));
-    let want = naive(m, &a, k, &w);
-    for (kern, path) in paths() {
-        let path = path.for_weights(&w);
-        let mut c = vec![0f32; m * n];
-        gemm_int8_on(kern, path, m, &a, k, &w, &mut c, n);
-        assert_eq!(
-            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "{kern:?} {path:?}"
-        );
-    }
+    every_path_is_the_definition(m, &a, k, &w);
     // The stored form decides by its values.
     let mut q = w.q_rows();
     let stored = PackedInt8::from_quantised(n, k, &q, w.scales(), None).unwrap();
@@ -182,28 +181,10 @@ fn extreme_values_do_not_saturate() {
         .map(|_| if lcg(&mut seed) < 0.0 { -2.0 } else { 2.0 })
         .collect();
     // Rows of one sign, and rows of random signs.
-    let wv: Vec<f32> = (0..n * k)
-        .map(|i| {
-            let negative = match (i / k) % 3 {
-                0 => false,
-                1 => true,
-                _ => lcg(&mut seed) < 0.0,
-            };
-            if negative { -0.5 } else { 0.5 }
-        })
-        .collect();
+    let wv = signed_rows(n, k, 0.5, &mut seed);
     let w = PackedInt8::from_f32(n, k, &wv);
     assert!((0..n).all(|j| (0..k).all(|c| w.q(j, c).unsigned_abs() == 127)));
-    let want = naive(m, &a, k, &w);
-    for (kern, path) in paths() {
-        let mut c = vec![0f32; m * n];
-        gemm_int8_on(kern, path, m, &a, k, &w, &mut c, n);
-        assert_eq!(
-            c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "{kern:?} {path:?}"
-        );
-    }
+    every_path_is_the_definition(m, &a, k, &w);
 }
 
 #[test]
@@ -331,16 +312,11 @@ fn clip_search_lowers_the_rounding_error_and_stays_bit_equal() {
         .map(|i| lcg(&mut seed) * if i % k == 7 { 6.0 } else { 1.0 })
         .collect();
     let plain = PackedInt8::from_f32(n, k, &wv);
-    let clipped = PackedInt8::from_rows_opts(
-        n,
-        k,
-        |r, o| o.copy_from_slice(&wv[r * k..(r + 1) * k]),
-        None,
-        WeightQuant {
-            clip: true,
-            ..WeightQuant::default()
-        },
-    );
+    let clip = WeightQuant {
+        clip: true,
+        ..WeightQuant::default()
+    };
+    let clipped = PackedInt8::from_f32_with(n, k, &wv, clip);
     let sq = |w: &PackedInt8, j: usize| -> f64 {
         (0..k)
             .map(|c| (w.get(j, c) as f64 - wv[j * k + c] as f64).powi(2))
