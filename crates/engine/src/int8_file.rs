@@ -159,6 +159,7 @@ impl Backbone {
         }
         let mut used = 0usize;
         let mut bytes = 0;
+        let (mut wide, mut stored) = (0usize, 0usize);
         let is_island: Vec<bool> = names
             .iter()
             .map(|n| islands.contains(&n.as_str()))
@@ -205,6 +206,8 @@ impl Backbone {
             let packed = PackedInt8::from_quantised(n, k, &q, &scale, smooth.as_deref())
                 .map_err(|e| bad(format!("{name}: {e}")))?;
             bytes += packed.bytes();
+            stored += 1;
+            wide += usize::from(!packed.narrow());
             if !l.w.set_int8(packed) {
                 return Err(bad(format!("{name}: its int8 form was already built")));
             }
@@ -223,6 +226,15 @@ impl Backbone {
         }
         for (l, island) in self.projections_mut().into_iter().zip(is_island) {
             l.island = if island { Island::Bf16 } else { Island::None };
+        }
+        if wide > 0 && crate::kernels::int8::narrow_is_faster(self.kernels()) {
+            tracing::warn!(
+                "{}: {wide} of {stored} int8 projections have 8-bit weights (a form stored before the \
+                 7-bit rule); {} runs them on its slower 8-bit kernel: `kev prepare --int8` again \
+                 stores the 7-bit form",
+                path.display(),
+                self.kernels().isa()
+            );
         }
         Ok(bytes)
     }

@@ -66,7 +66,7 @@ fn describe() {
     describe_gauge!("kev_queue_depth", "Decisions waiting for the engine");
     describe_counter!(
         "kev_queue_rejected_total",
-        "Decisions refused because the queue was full (429)"
+        "Decisions refused with 429: the queue was full, or every body-read permit was taken"
     );
     describe_counter!(
         "kev_queue_expired_total",

@@ -417,6 +417,7 @@ pub(crate) use drive::Dequantised;
 pub(crate) use drive::MR8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use drive::Path;
+pub(crate) use drive::narrow_is_faster;
 pub use drive::{ceiling_chain, gemm_int8};
 
 #[cfg(test)]

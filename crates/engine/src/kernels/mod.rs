@@ -84,7 +84,10 @@ pub enum Isa {
     /// AVX2 + FMA (8 f32 lanes); BF16 dot products as exact f32 products.
     Avx2,
     /// AVX2 + FMA plus AVX-VNNI (VEX `vpdpbusd` on ymm: Alder Lake and later, Zen 5): the int8 arm's
-    /// products on ymm `vpdpbusd`, everything else as AVX2.
+    /// products on ymm `vpdpbusd`, everything else as AVX2. Never chosen on its own by a CPU with
+    /// AVX-512, but `KEV_ISA=avxvnni` runs it on one with AVX512_VNNI + VL and no AVX-VNNI (Zen 4, Ice
+    /// Lake): the same instruction on ymm in its EVEX encoding, so those CPUs test and measure the
+    /// AVX-VNNI kernels as `KEV_ISA=avx2` lets them measure the AVX2 ones.
     AvxVnni,
     /// AVX-512F (16 lanes); BF16 dot products as exact f32 products.
     Avx512,
@@ -175,7 +178,12 @@ impl Kernels {
                 Isa::Portable => true,
                 Isa::Neon => false,
                 Isa::Avx2 => has!("avx2") && has!("fma"),
-                Isa::AvxVnni => has!("avx2") && has!("fma") && has!("avxvnni"),
+                Isa::AvxVnni => {
+                    has!("avx2")
+                        && has!("fma")
+                        && (has!("avxvnni")
+                            || (has!("avx512f") && has!("avx512vl") && has!("avx512vnni")))
+                }
                 Isa::Avx512 => has!("avx512f") && has!("avx2") && has!("fma"),
                 Isa::Avx512Bf16 => has!("avx512f") && has!("avx512bf16"),
                 Isa::Amx => has!("avx512f") && has!("avx512bf16") && amx::available(),

@@ -37,10 +37,9 @@ pub(crate) enum Path {
     /// AVX-VNNI `vpdpbusd` on ymm (VEX).
     #[cfg(target_arch = "x86_64")]
     VnniYmm,
-    /// The same microkernel compiled for AVX512_VNNI + VL (EVEX): run by the tests on AVX-512 machines,
-    /// so the ymm kernel's code is checked where AVX-VNNI is absent.
+    /// The same microkernel compiled for AVX512_VNNI + VL (EVEX): `Isa::AvxVnni` on AVX-512 machines
+    /// without AVX-VNNI, so the ymm kernel is tested and measured there.
     #[cfg(target_arch = "x86_64")]
-    #[cfg_attr(not(test), allow(dead_code))]
     VnniYmmEvex,
     /// AVX-512 VNNI `vpdpbusd` on zmm.
     #[cfg(target_arch = "x86_64")]
@@ -65,7 +64,8 @@ impl Path {
                 {
                     return Path::Vnni512;
                 }
-                Isa::AvxVnni => return Path::VnniYmm,
+                Isa::AvxVnni if has!("avxvnni") => return Path::VnniYmm,
+                Isa::AvxVnni => return Path::VnniYmmEvex,
                 Isa::Avx2 | Isa::Avx512 | Isa::Avx512Bf16 => return Path::Avx2,
                 _ => {}
             }
@@ -95,21 +95,6 @@ impl Path {
             return Path::Avx2Narrow;
         }
         self
-    }
-
-    /// Every path this CPU can run with `kern`'s instruction set or below it, beside the one
-    /// [`Path::of`] picks: what the tests loop over.
-    #[cfg(test)]
-    pub(crate) fn extra(kern: Kernels) -> Option<Path> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if Path::of(kern) == Path::Vnni512 && has!("avx512vl") {
-                return Some(Path::VnniYmmEvex);
-            }
-        }
-        let _ = kern;
-        None
     }
 
     /// Activations stored as `q_a + 128` (u8, the unsigned operand of `vpdpbusd`).
@@ -205,6 +190,12 @@ pub fn ceiling_chain(kern: Kernels, narrow: bool) -> Option<&'static str> {
         let _ = path;
         None
     }
+}
+
+/// Whether `kern` multiplies narrow (7-bit) weights on a faster kernel than 8-bit ones (AVX2's
+/// `vpmaddubsw`; the VNNI and AMX paths take either width at one speed).
+pub(crate) fn narrow_is_faster(kern: Kernels) -> bool {
+    Path::of(kern).narrowed() != Path::of(kern)
 }
 
 /// `C[i, j] = Σ_k A[i, k] · W[j, k]` through int8, for `i < m`, `j < w.n()`; strides as in
