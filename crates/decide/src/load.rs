@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use kev_engine::{
-    ActivationRanges, Arm, Backbone, CpuBackend, Int8Plan, Kernels, LoadOptions, SmoothScope,
+    ActivationRanges, Arm, Backbone, CpuBackend, Int8Plan, Int8Source, Kernels, LoadOptions,
+    SmoothScope,
 };
 use kev_release::head::KevHead;
 use kev_tokenize::KevTokenizer;
@@ -294,13 +295,17 @@ pub fn load_cpu_adapters(
         }
         _ => None,
     };
-    // Without a stored form, each layer is quantised as it is packed (its float copies never all held).
+    // Each layer takes its int8 form as soon as it is packed, read from the stored form or quantised by
+    // the rule, so the float projections are never all held.
     let plan = Int8Plan {
         scope: SmoothScope::None,
         ..Int8Plan::default()
     };
-    let streamed = (int8 && stored.is_none()).then_some(&plan);
-    let opened = open_cpu(spec, streamed)?;
+    let source = match &stored {
+        Some(path) => Some(Int8Source::Stored(path)),
+        None => int8.then_some(Int8Source::Rule(&plan)),
+    };
+    let opened = open_cpu(spec, source)?;
     let mut backbone = opened.backbone;
     let mut slots = Vec::with_capacity(more.len());
     if let Source::Release { base, .. } = &spec.source {
@@ -312,20 +317,13 @@ pub fn load_cpu_adapters(
         }
     }
     if int8 {
-        let bytes = match &stored {
-            Some(path) => backbone.load_int8(path)?,
-            None => backbone.int8_bytes(),
-        };
-        let freed = backbone.drop_float_projections();
         tracing::info!(
-            int8_bytes = bytes,
-            float_bytes_dropped = freed,
-            "int8 weights: {}",
+            int8_bytes = backbone.int8_bytes(),
+            "int8 weights: {}, layer by layer at load",
             match &stored {
                 Some(p) => format!("stored form {}", p.display()),
-                None =>
-                    "quantised layer by layer at load, W8A8 with the rule's bf16 islands (no stored form)"
-                        .into(),
+                None => "quantised by the rule (7-bit weights, 8-bit activations, bf16 islands; no stored form)"
+                    .into(),
             }
         );
     }
@@ -464,11 +462,11 @@ struct Opened {
     files: Files,
 }
 
-/// Open the model files; with `int8`, the projections are quantised layer by layer as they load
+/// Open the model files; with `int8`, the projections take their int8 form layer by layer as they load
 /// ([`Backbone::load_quantised`]).
-fn open_cpu(spec: &LoadSpec, int8: Option<&Int8Plan>) -> Result<Opened, LoadError> {
+fn open_cpu(spec: &LoadSpec, int8: Option<Int8Source<'_>>) -> Result<Opened, LoadError> {
     let load = |dir: &Path, opts: &LoadOptions| match int8 {
-        Some(plan) => Backbone::load_quantised(dir, opts, plan),
+        Some(source) => Backbone::load_quantised(dir, opts, source),
         None => Backbone::load(dir, opts),
     };
     let (backbone, head, head_path, tok_path, desc) = match (&spec.source, spec.form) {

@@ -374,19 +374,14 @@ impl Int8Plan {
     }
 }
 
-/// Quantise decoder layer `li`'s projections by `plan` as soon as the layer is packed, and drop each float
-/// copy but the islands' ([`Backbone::load_quantised`]): the model never holds its float projections and
-/// their int8 forms at once. Projection `slot` of the layer is projection `4·li + slot` of
-/// [`Backbone::projections`] (mixer in, mixer out, MLP gate/up, MLP down). No activation ranges: a plan that
-/// smooths needs calibration ([`Backbone::quantize_int8`]). Returns the int8 bytes.
-pub(crate) fn quantize_layer(
+/// Decoder layer `li`'s four (fused) projections with their kinds and names: projection `slot` of the
+/// layer is projection `4·li + slot` of [`Backbone::projections`] (mixer in, mixer out, MLP gate/up, MLP
+/// down).
+pub(crate) fn layer_projections(
     layer: &mut Layer,
     li: usize,
-    plan: &Int8Plan,
-    gates: usize,
-) -> Result<usize, EngineError> {
+) -> [(&mut Linear, ProjectionKind, String); 4] {
     use ProjectionKind as K;
-    let island = plan.island()?;
     let (mixer_in, mixer_out, kinds, names) = match &mut layer.mixer {
         Mixer::Gdn(g) => (
             &mut g.in_proj,
@@ -401,19 +396,40 @@ pub(crate) fn quantize_layer(
             ["self_attn.qkv_proj", "self_attn.o_proj"],
         ),
     };
-    let all = [
-        (mixer_in, kinds[0], names[0]),
-        (mixer_out, kinds[1], names[1]),
-        (&mut layer.gate_up, K::MlpGateUp, "mlp.gate_up_proj"),
-        (&mut layer.down, K::MlpDown, "mlp.down_proj"),
-    ];
+    [
+        (mixer_in, kinds[0], format!("layers.{li}.{}", names[0])),
+        (mixer_out, kinds[1], format!("layers.{li}.{}", names[1])),
+        (
+            &mut layer.gate_up,
+            K::MlpGateUp,
+            format!("layers.{li}.mlp.gate_up_proj"),
+        ),
+        (
+            &mut layer.down,
+            K::MlpDown,
+            format!("layers.{li}.mlp.down_proj"),
+        ),
+    ]
+}
+
+/// Quantise decoder layer `li`'s projections by `plan` as soon as the layer is packed, and drop each float
+/// copy but the islands' ([`Backbone::load_quantised`]): the model never holds its float projections and
+/// their int8 forms at once. No activation ranges: a plan that smooths needs calibration
+/// ([`Backbone::quantize_int8`]). Returns the int8 bytes.
+pub(crate) fn quantize_layer(
+    layer: &mut Layer,
+    li: usize,
+    plan: &Int8Plan,
+    gates: usize,
+) -> Result<usize, EngineError> {
+    let island = plan.island()?;
     let mut bytes = 0;
-    for (slot, (l, kind, name)) in all.into_iter().enumerate() {
+    for (slot, (l, kind, name)) in layer_projections(layer, li).into_iter().enumerate() {
         if plan.is_island(4 * li + slot, li, kind) {
             l.island = island;
             continue;
         }
-        bytes += l.quantize(&format!("layers.{li}.{name}"), kind, gates, plan, None)?;
+        bytes += l.quantize(&name, kind, gates, plan, None)?;
         l.w.drop_float();
     }
     Ok(bytes)

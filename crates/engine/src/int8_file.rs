@@ -14,15 +14,16 @@
 //! narrow, else `8`; informative) and whatever the writer records (scheme, `alpha`, calibration source). Everything else of the model (embedding, norms, GDN parameters, head) stays in the
 //! merged shards beside it.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::Path;
 
 use kev_release::shards::TensorStore;
 
-use crate::calibrate::ProjectionKind;
+use crate::calibrate::{ProjectionKind, layer_projections};
 use crate::error::EngineError;
 use crate::kernels::int8::PackedInt8;
-use crate::model::{Backbone, Island};
+use crate::model::{Backbone, Island, Layer};
 
 /// The file name of the stored int8 form in a prepared directory.
 pub const INT8_FILE: &str = "int8.safetensors";
@@ -137,108 +138,6 @@ impl Backbone {
             .map_err(|e| EngineError::Int8(format!("{}: {e}", path.display())))
     }
 
-    /// Install the stored int8 form of `path` as every projection's int8 weights (before any int8
-    /// call). Every projection must be present with its shape, and nothing else. Returns the bytes.
-    pub fn load_int8(&mut self, path: &Path) -> Result<usize, EngineError> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let store = TensorStore::open_files(dir, &[path.to_path_buf()])?;
-        let bad = |what: String| EngineError::Int8(format!("{}: {what}", path.display()));
-        let meta = read_metadata(path).map_err(bad)?;
-        let islands: Vec<&str> = meta
-            .get(META_ISLANDS)
-            .map(|s| s.split(',').collect())
-            .unwrap_or_default();
-        let gates = match meta.get(META_GATES).map(String::as_str) {
-            None => false,
-            Some("fp32") => true,
-            Some(other) => return Err(bad(format!("{META_GATES} = {other:?} (fp32 or absent)"))),
-        };
-        let names = self.projection_names();
-        if let Some(x) = islands.iter().find(|x| !names.iter().any(|n| n == *x)) {
-            return Err(bad(format!("island {x} is not a projection of this model")));
-        }
-        let mut used = 0usize;
-        let mut bytes = 0;
-        let (mut wide, mut stored) = (0usize, 0usize);
-        let is_island: Vec<bool> = names
-            .iter()
-            .map(|n| islands.contains(&n.as_str()))
-            .collect();
-        for (name, l, kind) in self.projections() {
-            let (n, k) = (l.w.n(), l.w.k());
-            if islands.contains(&name.as_str()) {
-                continue;
-            }
-            if gates && kind == ProjectionKind::GdnIn {
-                bytes += l.keep_float_rows(self.gdn_gate_rows(), &name)?;
-            }
-            let get = |suffix: &str, shape: &[usize], dtype: &str| {
-                let full = format!("{name}.{suffix}");
-                let v = store
-                    .get(&full)
-                    .map_err(|_| bad(format!("tensor {full} is missing")))?;
-                if v.dtype.name() != dtype || v.shape != shape {
-                    return Err(bad(format!(
-                        "tensor {full} is {} {:?}, expected {dtype} {shape:?}",
-                        v.dtype.name(),
-                        v.shape
-                    )));
-                }
-                Ok(v.data)
-            };
-            let q: Vec<i8> = get("qweight", &[n, k], "I8")?
-                .iter()
-                .map(|&b| b as i8)
-                .collect();
-            let to_f32 = |b: &[u8]| -> Vec<f32> {
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect()
-            };
-            let scale = to_f32(get("scale", &[n], "F32")?);
-            used += 2;
-            let smooth = if store.contains(&format!("{name}.smooth")) {
-                used += 1;
-                Some(to_f32(get("smooth", &[k], "F32")?))
-            } else {
-                None
-            };
-            let packed = PackedInt8::from_quantised(n, k, &q, &scale, smooth.as_deref())
-                .map_err(|e| bad(format!("{name}: {e}")))?;
-            bytes += packed.bytes();
-            stored += 1;
-            wide += usize::from(!packed.narrow());
-            if !l.w.set_int8(packed) {
-                return Err(bad(format!("{name}: its int8 form was already built")));
-            }
-        }
-        let total = store.names().count();
-        if total != used {
-            let known: std::collections::HashSet<String> = self
-                .projection_names()
-                .into_iter()
-                .flat_map(|n| ["qweight", "scale", "smooth"].map(|s| format!("{n}.{s}")))
-                .collect();
-            let extra = store.names().find(|n| !known.contains(*n)).unwrap_or("?");
-            return Err(bad(format!(
-                "tensor {extra} is not a projection of this model"
-            )));
-        }
-        for (l, island) in self.projections_mut().into_iter().zip(is_island) {
-            l.island = if island { Island::Bf16 } else { Island::None };
-        }
-        if wide > 0 && crate::kernels::int8::narrow_is_faster(self.kernels()) {
-            tracing::warn!(
-                "{}: {wide} of {stored} int8 projections have 8-bit weights (a form stored before the \
-                 7-bit rule); {} runs them on its slower 8-bit kernel: `kev prepare --int8` again \
-                 stores the 7-bit form",
-                path.display(),
-                self.kernels().isa()
-            );
-        }
-        Ok(bytes)
-    }
-
     /// Drop the BF16/F32 copies of every projection whose int8 form is built, so the model holds the
     /// int8 weights only (plus embedding, norms and the small GDN parameters). After this only the int8
     /// arm can run the model. Returns the bytes freed.
@@ -260,9 +159,164 @@ impl Backbone {
     }
 }
 
+/// A stored int8 form opened to be installed layer by layer as the model loads
+/// ([`Backbone::load_quantised`] with [`crate::Int8Source::Stored`]): each layer's projections take their
+/// stored int8 weights (the rule's BF16 islands and fp32 GDN gate rows as the metadata says) and drop their
+/// float copies before the next layer is packed, and each tensor's mapped pages are given back once read,
+/// so the load peaks near the int8 model's size, not the float model's.
+pub(crate) struct StoredInt8 {
+    path: std::path::PathBuf,
+    store: TensorStore,
+    islands: Vec<String>,
+    gates: bool,
+    /// Tensors read, projections installed, and those among them with 8-bit weights.
+    used: Cell<usize>,
+    installed: Cell<usize>,
+    wide: Cell<usize>,
+}
+
+impl StoredInt8 {
+    pub(crate) fn open(path: &Path) -> Result<Self, EngineError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let store = TensorStore::open_files(dir, &[path.to_path_buf()])?;
+        let bad = |what: String| EngineError::Int8(format!("{}: {what}", path.display()));
+        let meta = read_metadata(path).map_err(bad)?;
+        let islands = meta
+            .get(META_ISLANDS)
+            .map(|s| s.split(',').map(String::from).collect())
+            .unwrap_or_default();
+        let gates = match meta.get(META_GATES).map(String::as_str) {
+            None => false,
+            Some("fp32") => true,
+            Some(other) => return Err(bad(format!("{META_GATES} = {other:?} (fp32 or absent)"))),
+        };
+        Ok(StoredInt8 {
+            path: path.to_path_buf(),
+            store,
+            islands,
+            gates,
+            used: Cell::new(0),
+            installed: Cell::new(0),
+            wide: Cell::new(0),
+        })
+    }
+
+    fn bad(&self, what: String) -> EngineError {
+        EngineError::Int8(format!("{}: {what}", self.path.display()))
+    }
+
+    /// Install decoder layer `li`'s stored forms (`gate_rows`: the GDN gate rows at the end of each
+    /// `in_proj`) and drop the float copies but the islands'. Returns the int8 bytes.
+    pub(crate) fn install_layer(
+        &self,
+        layer: &mut Layer,
+        li: usize,
+        gate_rows: usize,
+    ) -> Result<usize, EngineError> {
+        let mut bytes = 0;
+        for (l, kind, name) in layer_projections(layer, li) {
+            if self.islands.contains(&name) {
+                l.island = Island::Bf16;
+                continue;
+            }
+            l.island = Island::None;
+            if self.gates && kind == ProjectionKind::GdnIn {
+                bytes += l.keep_float_rows(gate_rows, &name)?;
+            }
+            let (n, k) = (l.w.n(), l.w.k());
+            let q: Vec<i8> = self
+                .read(&name, "qweight", &[n, k], "I8")?
+                .iter()
+                .map(|&b| b as i8)
+                .collect();
+            let scale = f32_values(&self.read(&name, "scale", &[n], "F32")?);
+            let smooth = if self.store.contains(&format!("{name}.smooth")) {
+                Some(f32_values(&self.read(&name, "smooth", &[k], "F32")?))
+            } else {
+                None
+            };
+            let packed = PackedInt8::from_quantised(n, k, &q, &scale, smooth.as_deref())
+                .map_err(|e| self.bad(format!("{name}: {e}")))?;
+            bytes += packed.bytes();
+            self.installed.set(self.installed.get() + 1);
+            self.wide
+                .set(self.wide.get() + usize::from(!packed.narrow()));
+            if !l.w.set_int8(packed) {
+                return Err(self.bad(format!("{name}: its int8 form was already built")));
+            }
+            l.w.drop_float();
+        }
+        Ok(bytes)
+    }
+
+    /// Tensor `name.suffix`, checked, copied out of the mapping (whose pages are then given back).
+    fn read(
+        &self,
+        name: &str,
+        suffix: &str,
+        shape: &[usize],
+        dtype: &str,
+    ) -> Result<Vec<u8>, EngineError> {
+        let full = format!("{name}.{suffix}");
+        let v = self
+            .store
+            .get(&full)
+            .map_err(|_| self.bad(format!("tensor {full} is missing")))?;
+        if v.dtype.name() != dtype || v.shape != shape {
+            return Err(self.bad(format!(
+                "tensor {full} is {} {:?}, expected {dtype} {shape:?}",
+                v.dtype.name(),
+                v.shape
+            )));
+        }
+        let data = v.data.to_vec();
+        self.store.release(&full);
+        self.used.set(self.used.get() + 1);
+        Ok(data)
+    }
+
+    /// After every layer: the file held nothing else (no unknown island, no tensor of another model), and
+    /// a word where its 8-bit weights keep `model`'s kernels off their faster 7-bit kernel.
+    pub(crate) fn finish(&self, model: &Backbone) -> Result<(), EngineError> {
+        let names = model.projection_names();
+        if let Some(x) = self.islands.iter().find(|x| !names.contains(x)) {
+            return Err(self.bad(format!("island {x} is not a projection of this model")));
+        }
+        if self.store.names().count() != self.used.get() {
+            let known: std::collections::HashSet<String> = names
+                .iter()
+                .flat_map(|n| ["qweight", "scale", "smooth"].map(|s| format!("{n}.{s}")))
+                .collect();
+            let extra = self
+                .store
+                .names()
+                .find(|n| !known.contains(*n))
+                .unwrap_or("?");
+            return Err(self.bad(format!("tensor {extra} is not a projection of this model")));
+        }
+        let (wide, stored) = (self.wide.get(), self.installed.get());
+        if wide > 0 && crate::kernels::int8::narrow_is_faster(model.kernels()) {
+            tracing::warn!(
+                "{}: {wide} of {stored} int8 projections have 8-bit weights (a form stored before the \
+                 7-bit rule); {} runs them on its slower 8-bit kernel: `kev prepare --int8` again \
+                 stores the 7-bit form",
+                self.path.display(),
+                model.kernels().isa()
+            );
+        }
+        Ok(())
+    }
+}
+
+fn f32_values(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::{Arm, Backbone, Int8Plan, LoadOptions};
+    use crate::{Arm, Backbone, Int8Plan, Int8Source, LoadOptions};
     use std::path::Path;
 
     /// The int8 arm's hidden states of one 150-token row (positions 0, 63, 64, 149), as bits.
@@ -288,7 +342,8 @@ mod tests {
         let mut a = Backbone::load(&base, &LoadOptions::default()).unwrap();
         let bytes = a.quantize_int8(None, plan).unwrap();
         a.drop_float_projections();
-        let b = Backbone::load_quantised(&base, &LoadOptions::default(), &plan).unwrap();
+        let b = Backbone::load_quantised(&base, &LoadOptions::default(), Int8Source::Rule(&plan))
+            .unwrap();
         assert_eq!(b.int8_bytes(), bytes);
         assert_eq!(b.weight_bytes(), a.weight_bytes());
         let islands = |m: &Backbone| -> Vec<bool> {
@@ -302,32 +357,48 @@ mod tests {
         assert_eq!(int8_bits(&a), int8_bits(&b));
     }
 
-    /// The stored form gives back, bit for bit, the int8 arm it was written from; the float copies can be
-    /// dropped without changing a bit; a model without some projection's form is refused.
+    /// The stored form, installed layer by layer as the model loads, gives back bit for bit the int8 arm it
+    /// was written from and holds what that arm holds (no float projection but the islands'); a file
+    /// missing a projection's form, or holding a tensor of another model, is refused.
     #[test]
     fn the_stored_form_round_trips_bit_for_bit() {
         let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/base");
-        let mut a = Backbone::load(&base, &LoadOptions::default()).unwrap();
+        let opts = LoadOptions::default();
+        let mut a = Backbone::load(&base, &opts).unwrap();
         let bytes = a.quantize_int8(None, Int8Plan::default()).unwrap();
         assert!(bytes > 0);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(super::INT8_FILE);
         a.write_int8(&path, &[("scheme", "test".into())]).unwrap();
-        let mut b = Backbone::load(&base, &LoadOptions::default()).unwrap();
-        assert_eq!(b.load_int8(&path).unwrap(), bytes);
-        let floats = b.weight_bytes();
-        assert!(b.drop_float_projections() > 0);
-        assert!(b.int8_only() && b.weight_bytes() < floats);
+        a.drop_float_projections();
+        let b = Backbone::load_quantised(&base, &opts, Int8Source::Stored(&path)).unwrap();
+        assert_eq!(b.int8_bytes(), bytes);
+        assert!(b.int8_only());
+        assert_eq!(b.weight_bytes(), a.weight_bytes());
         assert_eq!(int8_bits(&a), int8_bits(&b));
-        let mut c = Backbone::load(&base, &LoadOptions::default()).unwrap();
-        c.quantize_int8(None, Int8Plan::default()).unwrap();
-        assert!(c.load_int8(&path).is_err(), "already built: refused");
-        let mut d = Backbone::load(&base, &LoadOptions::default()).unwrap();
-        let other = dir.path().join("empty.safetensors");
-        let none: Vec<(String, safetensors::tensor::TensorView<'_>)> = Vec::new();
-        safetensors::tensor::serialize_to_file(none, None, &other).unwrap();
-        let err = d.load_int8(&other).unwrap_err().to_string();
+
+        let refused = |tensors: Vec<(String, safetensors::tensor::TensorView<'_>)>, meta| {
+            let other = dir.path().join("other.safetensors");
+            safetensors::tensor::serialize_to_file(tensors, meta, &other).unwrap();
+            match Backbone::load_quantised(&base, &opts, Int8Source::Stored(&other)) {
+                Ok(_) => panic!("a stored form of another model was accepted"),
+                Err(e) => e.to_string(),
+            }
+        };
+        let err = refused(Vec::new(), None);
         assert!(err.contains("missing"), "{err}");
+        let file = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&file).unwrap();
+        let (_, header) = safetensors::SafeTensors::read_metadata(&file).unwrap();
+        let mut tensors: Vec<_> = st.tensors();
+        let (_, scale) = tensors
+            .iter()
+            .find(|(n, _)| n.ends_with(".scale"))
+            .cloned()
+            .unwrap();
+        tensors.push(("layers.99.mlp.down_proj.scale".into(), scale));
+        let err = refused(tensors, header.metadata().clone());
+        assert!(err.contains("layers.99.mlp.down_proj.scale"), "{err}");
     }
 
     /// The plan's BF16 islands and fp32 GDN gate rows are recorded in the metadata and restored: the
@@ -352,9 +423,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(super::INT8_FILE);
         a.write_int8(&path, &[]).unwrap();
-        let mut b = Backbone::load(&base, &LoadOptions::default()).unwrap();
-        b.load_int8(&path).unwrap();
-        b.drop_float_projections();
+        let b = Backbone::load_quantised(&base, &LoadOptions::default(), Int8Source::Stored(&path))
+            .unwrap();
         assert_eq!(hidden(&a), hidden(&b));
         let mut p = Backbone::load(&base, &LoadOptions::default()).unwrap();
         p.quantize_int8(None, Int8Plan::plain()).unwrap();

@@ -44,6 +44,6 @@ pub use error::EngineError;
 pub use forward::BatchRow;
 pub use int8_file::{INT8_FILE, INT8_FORMAT};
 pub use kernels::{Arm, Kernels};
-pub use model::{Backbone, LoadOptions};
+pub use model::{Backbone, Int8Source, LoadOptions};
 pub use state::State;
 pub use weights::{Checkpoint, Weights};

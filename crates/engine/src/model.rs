@@ -248,9 +248,21 @@ pub(crate) struct Layer {
     pub down: Linear,
 }
 
+/// Where [`Backbone::load_quantised`] takes each projection's int8 form from.
+#[derive(Debug, Clone, Copy)]
+pub enum Int8Source<'a> {
+    /// Quantised at load by a plan without smoothing (the rule: `Int8Plan` with `SmoothScope::None`).
+    Rule(&'a crate::Int8Plan),
+    /// Read from a stored form (`int8.safetensors`, written by [`Backbone::write_int8`]).
+    Stored(&'a Path),
+}
+
 /// The token embedding table, kept in its stored dtype.
 pub(crate) enum Embedding {
     Bf16(Vec<u16>),
+    /// BF16 rows read from the checkpoint's mapping as tokens need them: the 4B's 1.2 GiB table is not
+    /// copied, and only the rows of the tokens seen become resident.
+    MappedBf16(kev_release::shards::MappedTensor),
     F32(Vec<f32>),
 }
 
@@ -258,6 +270,7 @@ impl std::fmt::Debug for Embedding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Embedding::Bf16(v) => write!(f, "Embedding::Bf16({} values)", v.len()),
+            Embedding::MappedBf16(t) => write!(f, "Embedding::MappedBf16({t:?})"),
             Embedding::F32(v) => write!(f, "Embedding::F32({} values)", v.len()),
         }
     }
@@ -271,6 +284,12 @@ impl Embedding {
                     *o = crate::kernels::bf16_to_f32(*b);
                 }
             }
+            Embedding::MappedBf16(t) => {
+                let row = &t.bytes()[2 * id * width..2 * (id + 1) * width];
+                for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                    *o = crate::kernels::bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
             Embedding::F32(v) => out.copy_from_slice(&v[id * width..(id + 1) * width]),
         }
     }
@@ -278,6 +297,7 @@ impl Embedding {
     fn bytes(&self) -> usize {
         match self {
             Embedding::Bf16(v) => v.len() * 2,
+            Embedding::MappedBf16(t) => t.bytes().len(),
             Embedding::F32(v) => v.len() * 4,
         }
     }
@@ -332,20 +352,36 @@ impl Backbone {
         Self::from_weights(&weights, opts.merge_adapter, kern)
     }
 
-    /// [`Backbone::load`] for the int8 arm alone: each layer's projections are quantised by `plan` as soon
-    /// as they are packed and their float copies dropped (but the plan's islands), so the peak memory of the
-    /// load is about the int8 model's, not the float model's plus its int8 form. Only the int8 arm can run
-    /// the result. `plan` must not need activation ranges (no smoothing: that needs calibration rows, see
-    /// [`Backbone::quantize_int8`]).
+    /// [`Backbone::load`] for the int8 arm alone: each layer's projections take their int8 form from
+    /// `source` as soon as they are packed — quantised by a plan, or read from a stored form — and their
+    /// float copies are dropped (but the islands'), so the peak memory of the load is about the int8
+    /// model's, not the float model's plus its int8 form. Only the int8 arm can run the result. A plan
+    /// must not need activation ranges (no smoothing: that needs calibration rows, see
+    /// [`Backbone::quantize_int8`]; a stored form carries its smoothing factors).
     pub fn load_quantised(
         dir: &Path,
         opts: &LoadOptions,
-        plan: &crate::Int8Plan,
+        source: Int8Source<'_>,
     ) -> Result<Self, EngineError> {
         let ck = Checkpoint::open(dir)?;
         let weights = ck.weights(opts.adapter.as_deref())?;
         let kern = opts.kernels.unwrap_or_else(Kernels::detect);
-        Self::build(&weights, opts.merge_adapter, kern, Some(plan))
+        let gates = 2 * weights.config.linear_num_value_heads;
+        match source {
+            Int8Source::Rule(plan) => {
+                Self::build(&weights, opts.merge_adapter, kern, &|layer, li| {
+                    crate::calibrate::quantize_layer(layer, li, plan, gates)
+                })
+            }
+            Int8Source::Stored(path) => {
+                let stored = crate::int8_file::StoredInt8::open(path)?;
+                let model = Self::build(&weights, opts.merge_adapter, kern, &|layer, li| {
+                    stored.install_layer(layer, li, gates)
+                })?;
+                stored.finish(&model)?;
+                Ok(model)
+            }
+        }
     }
 
     /// Build from an opened store; with `merge`, the adapter is merged into the weights at load.
@@ -362,31 +398,32 @@ impl Backbone {
     /// Pack the checkpoint tree; with `merge`, each LoRA is merged into its weight (BF16, bit-exact with
     /// the prepared export), else it is kept unmerged beside the packed weight.
     pub fn from_weights(w: &Weights<'_>, merge: bool, kern: Kernels) -> Result<Self, EngineError> {
-        Self::build(w, merge, kern, None)
+        Self::build(w, merge, kern, &|_, _| Ok(0))
     }
 
+    /// Pack every layer, running `per_layer` on each as soon as it is packed (the int8 loads' step).
     fn build(
         w: &Weights<'_>,
         merge: bool,
         kern: Kernels,
-        int8: Option<&crate::Int8Plan>,
+        per_layer: &dyn Fn(&mut Layer, usize) -> Result<usize, EngineError>,
     ) -> Result<Self, EngineError> {
         let cfg = w.config.clone();
         let embed = match w.embed_tokens.dtype() {
-            Dtype::BF16 => Embedding::Bf16(w.embed_tokens.bf16_bits()),
-            _ => Embedding::F32(w.embed_tokens.to_f32()),
+            Dtype::BF16 => Embedding::MappedBf16(w.mapped(&w.embed_tokens)?),
+            _ => {
+                let e = Embedding::F32(w.embed_tokens.to_f32());
+                w.release(&w.embed_tokens);
+                e
+            }
         };
-        w.release(&w.embed_tokens);
-        let gates = 2 * cfg.linear_num_value_heads;
         let layers = w
             .layers
             .iter()
             .enumerate()
             .map(|(li, l)| {
                 let mut layer = pack_layer(w, l, merge)?;
-                if let Some(plan) = int8 {
-                    crate::calibrate::quantize_layer(&mut layer, li, plan, gates)?;
-                }
+                per_layer(&mut layer, li)?;
                 Ok(layer)
             })
             .collect::<Result<Vec<_>, EngineError>>()?;

@@ -286,6 +286,11 @@ impl<'a> Weights<'a> {
         self.store.release(t.name());
     }
 
+    /// `t`'s bytes kept mapped beyond the checkpoint (see [`kev_release::shards::MappedTensor`]).
+    pub fn mapped(&self, t: &Tensor<'_>) -> Result<kev_release::shards::MappedTensor, EngineError> {
+        Ok(self.store.mapped(t.name())?)
+    }
+
     /// Whether any projection carries a LoRA pair.
     pub fn has_lora(&self) -> bool {
         self.layers

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::SafeTensors;
@@ -137,8 +138,31 @@ struct Entry {
 /// One checkpoint: every tensor of every shard, by stored name.
 pub struct TensorStore {
     dir: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, Arc<Mmap>)>,
     tensors: BTreeMap<String, Entry>,
+}
+
+/// One tensor's bytes, kept mapped after its store is gone (it shares the file's mapping). What a model
+/// keeps of a large table it reads a few rows of at a time: only the pages it reads become resident,
+/// and those are clean file pages the kernel may take back under memory pressure.
+#[derive(Clone)]
+pub struct MappedTensor {
+    map: Arc<Mmap>,
+    start: usize,
+    end: usize,
+}
+
+impl MappedTensor {
+    /// The tensor's raw little-endian bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.end]
+    }
+}
+
+impl std::fmt::Debug for MappedTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedTensor({} bytes)", self.end - self.start)
+    }
 }
 
 impl TensorStore {
@@ -229,7 +253,7 @@ impl TensorStore {
                     },
                 );
             }
-            files.push((path.clone(), map));
+            files.push((path.clone(), Arc::new(map)));
         }
         Ok(TensorStore {
             dir: dir.to_path_buf(),
@@ -277,6 +301,19 @@ impl TensorStore {
             dtype: e.dtype,
             shape: &e.shape,
             data: &self.files[e.file].1[e.start..e.end],
+        })
+    }
+
+    /// A tensor's bytes as a [`MappedTensor`], which outlives the store.
+    pub fn mapped(&self, name: &str) -> Result<MappedTensor, ShardError> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ShardError::Missing(name.to_string()))?;
+        Ok(MappedTensor {
+            map: Arc::clone(&self.files[e.file].1),
+            start: e.start,
+            end: e.end,
         })
     }
 

@@ -290,3 +290,19 @@ fn unsupported_adapter_configs_are_refused_with_the_field_named() {
     let err = Adapter::load(dir.path(), &base).unwrap_err();
     assert!(err.to_string().contains("lm_head"), "{err}");
 }
+
+#[test]
+fn a_mapped_tensor_outlives_its_store_with_the_same_bytes() {
+    let base = TensorStore::open(&fixtures().join("release/base")).unwrap();
+    let name = base
+        .names()
+        .find(|n| n.ends_with("embed_tokens.weight"))
+        .unwrap()
+        .to_string();
+    let want = base.get(&name).unwrap().data.to_vec();
+    let mapped = base.mapped(&name).unwrap();
+    assert!(base.mapped("no.such.tensor").is_err());
+    base.release(&name);
+    drop(base);
+    assert_eq!(mapped.bytes(), &want[..]);
+}
