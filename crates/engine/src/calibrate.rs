@@ -6,7 +6,8 @@
 //! arm giving the statistics of the reference computation). The weights are not touched while observed: the
 //! observer is the only thing those forwards write besides their states, so other services over the same
 //! weights run meanwhile unseen and unchanged. The int8 plan (each projection's island) is chosen once, at
-//! load, through `&mut Backbone` ([`Backbone::quantize_int8`], [`Backbone::load_int8`]).
+//! load: through `&mut Backbone` ([`Backbone::quantize_int8`]), or layer by layer as the model loads
+//! ([`Backbone::load_quantised`]).
 
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, WeightQuant, smoothing_factors};
@@ -415,24 +416,23 @@ pub(crate) fn layer_projections(
 /// Quantise decoder layer `li`'s projections by `plan` as soon as the layer is packed, and drop each float
 /// copy but the islands' ([`Backbone::load_quantised`]): the model never holds its float projections and
 /// their int8 forms at once. No activation ranges: a plan that smooths needs calibration
-/// ([`Backbone::quantize_int8`]). Returns the int8 bytes.
+/// ([`Backbone::quantize_int8`]).
 pub(crate) fn quantize_layer(
     layer: &mut Layer,
     li: usize,
     plan: &Int8Plan,
     gates: usize,
-) -> Result<usize, EngineError> {
+) -> Result<(), EngineError> {
     let island = plan.island()?;
-    let mut bytes = 0;
     for (slot, (l, kind, name)) in layer_projections(layer, li).into_iter().enumerate() {
         if plan.is_island(4 * li + slot, li, kind) {
             l.island = island;
             continue;
         }
-        bytes += l.quantize(&name, kind, gates, plan, None)?;
+        l.quantize(&name, kind, gates, plan, None)?;
         l.w.drop_float();
     }
-    Ok(bytes)
+    Ok(())
 }
 
 impl Linear {

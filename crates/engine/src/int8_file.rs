@@ -206,14 +206,13 @@ impl StoredInt8 {
     }
 
     /// Install decoder layer `li`'s stored forms (`gate_rows`: the GDN gate rows at the end of each
-    /// `in_proj`) and drop the float copies but the islands'. Returns the int8 bytes.
+    /// `in_proj`) and drop the float copies but the islands'.
     pub(crate) fn install_layer(
         &self,
         layer: &mut Layer,
         li: usize,
         gate_rows: usize,
-    ) -> Result<usize, EngineError> {
-        let mut bytes = 0;
+    ) -> Result<(), EngineError> {
         for (l, kind, name) in layer_projections(layer, li) {
             if self.islands.contains(&name) {
                 l.island = Island::Bf16;
@@ -221,23 +220,20 @@ impl StoredInt8 {
             }
             l.island = Island::None;
             if self.gates && kind == ProjectionKind::GdnIn {
-                bytes += l.keep_float_rows(gate_rows, &name)?;
+                l.keep_float_rows(gate_rows, &name)?;
             }
             let (n, k) = (l.w.n(), l.w.k());
-            let q: Vec<i8> = self
-                .read(&name, "qweight", &[n, k], "I8")?
-                .iter()
-                .map(|&b| b as i8)
-                .collect();
-            let scale = f32_values(&self.read(&name, "scale", &[n], "F32")?);
+            let q: Vec<i8> = self.read(&name, "qweight", &[n, k], "I8", |b| {
+                b.iter().map(|&x| x as i8).collect()
+            })?;
+            let scale = self.read(&name, "scale", &[n], "F32", f32_values)?;
             let smooth = if self.store.contains(&format!("{name}.smooth")) {
-                Some(f32_values(&self.read(&name, "smooth", &[k], "F32")?))
+                Some(self.read(&name, "smooth", &[k], "F32", f32_values)?)
             } else {
                 None
             };
             let packed = PackedInt8::from_quantised(n, k, &q, &scale, smooth.as_deref())
                 .map_err(|e| self.bad(format!("{name}: {e}")))?;
-            bytes += packed.bytes();
             self.installed.set(self.installed.get() + 1);
             self.wide
                 .set(self.wide.get() + usize::from(!packed.narrow()));
@@ -246,17 +242,19 @@ impl StoredInt8 {
             }
             l.w.drop_float();
         }
-        Ok(bytes)
+        Ok(())
     }
 
-    /// Tensor `name.suffix`, checked, copied out of the mapping (whose pages are then given back).
-    fn read(
+    /// Tensor `name.suffix`, checked, converted by `convert` straight from the mapping (whose pages are
+    /// then given back).
+    fn read<T>(
         &self,
         name: &str,
         suffix: &str,
         shape: &[usize],
         dtype: &str,
-    ) -> Result<Vec<u8>, EngineError> {
+        convert: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, EngineError> {
         let full = format!("{name}.{suffix}");
         let v = self
             .store
@@ -269,7 +267,7 @@ impl StoredInt8 {
                 v.shape
             )));
         }
-        let data = v.data.to_vec();
+        let data = convert(v.data);
         self.store.release(&full);
         self.used.set(self.used.get() + 1);
         Ok(data)

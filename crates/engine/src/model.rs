@@ -46,7 +46,7 @@ pub(crate) struct Linear {
     /// The LoRA segments of each adapter slot (slot `a` at `loras[a]`; a slot past the end adapts nothing
     /// here). Slot 0 is the adapter the model was loaded with; [`Backbone::add_adapter`] adds the others.
     pub loras: Vec<Vec<LoraSeg>>,
-    /// How the int8 arm computes this projection, chosen at load (`quantize_int8`, `load_int8`).
+    /// How the int8 arm computes this projection, chosen at load (`quantize_int8`, `load_quantised`).
     pub island: Island,
     /// Output rows `[n − t, n)` the int8 arm computes in fp32 from this copy (`t` = its rows): the GDN
     /// gates `in_proj_b`/`in_proj_a` when the plan keeps them float (calibrate.rs).
@@ -398,7 +398,7 @@ impl Backbone {
     /// Pack the checkpoint tree; with `merge`, each LoRA is merged into its weight (BF16, bit-exact with
     /// the prepared export), else it is kept unmerged beside the packed weight.
     pub fn from_weights(w: &Weights<'_>, merge: bool, kern: Kernels) -> Result<Self, EngineError> {
-        Self::build(w, merge, kern, &|_, _| Ok(0))
+        Self::build(w, merge, kern, &|_, _| Ok(()))
     }
 
     /// Pack every layer, running `per_layer` on each as soon as it is packed (the int8 loads' step).
@@ -406,7 +406,7 @@ impl Backbone {
         w: &Weights<'_>,
         merge: bool,
         kern: Kernels,
-        per_layer: &dyn Fn(&mut Layer, usize) -> Result<usize, EngineError>,
+        per_layer: &dyn Fn(&mut Layer, usize) -> Result<(), EngineError>,
     ) -> Result<Self, EngineError> {
         let cfg = w.config.clone();
         let embed = match w.embed_tokens.dtype() {

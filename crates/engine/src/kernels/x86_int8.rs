@@ -146,8 +146,8 @@ ukr_ymm_dp!(
 );
 
 ukr_ymm_dp!(
-    /// The same kernel as [`ukr_vnni_ymm`] in the EVEX encoding (AVX512_VNNI + VL): what the tests run
-    /// on AVX-512 machines, which lack AVX-VNNI.
+    /// The same kernel as [`ukr_vnni_ymm`] in the EVEX encoding (AVX512_VNNI + VL): `KEV_ISA=avxvnni`
+    /// on AVX-512 machines without AVX-VNNI, so they test and measure the ymm kernel.
     ukr_vnni_ymm_evex,
     "avx2,avx512f,avx512vl,avx512vnni",
     |x, a, b| _mm256_dpbusd_epi32(x, a, b)

@@ -80,12 +80,7 @@ impl Path {
 
     /// The path for `w`: AVX2 takes its `vpmaddubsw` kernel where every weight is narrow.
     pub(crate) fn for_weights(self, w: &PackedInt8) -> Path {
-        #[cfg(target_arch = "x86_64")]
-        if self == Path::Avx2 && w.narrow() {
-            return Path::Avx2Narrow;
-        }
-        let _ = w;
-        self
+        if w.narrow() { self.narrowed() } else { self }
     }
 
     /// The path for narrow weights (the rule's): what the int8 arm runs on a model quantised by it.
