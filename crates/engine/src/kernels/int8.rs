@@ -38,8 +38,10 @@
 
 use rayon::prelude::*;
 
+use super::Kernels;
 use super::buf::AlignedBuf;
 use super::pack::{NR, PackedMatrix};
+use super::simd::{Kernel, Simd};
 
 /// Inputs per group (one i32 lane of `vpdpbusd`).
 pub const G: usize = 4;
@@ -73,40 +75,90 @@ impl std::fmt::Debug for PackedInt8 {
 
 /// Quantise one weight row: its scale and `q = round(w / s)` (zero scale for an all-zero row). With
 /// `clip`, the range is the clip ratio `1 − t/100` (t = 0..=20) of `max|w|` with the least squared
-/// rounding error (the first on ties), else `max|w|`.
-fn quantize_weight_row(w: &[f32], q: &mut [i8], quant: WeightQuant) -> f32 {
-    let qmax = quant.qmax();
-    let clip = quant.clip;
-    let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-    if amax == 0.0 || !amax.is_finite() {
-        q.fill(0);
-        return if amax == 0.0 { 0.0 } else { f32::NAN };
+/// rounding error (the first on ties), else `max|w|`. Each candidate's error is its own f64 sum in
+/// input order, so the result does not depend on `kern`: the instruction set only decides how many
+/// candidates are evaluated at once.
+fn quantize_weight_row(kern: Kernels, w: &[f32], q: &mut [i8], quant: WeightQuant) -> f32 {
+    super::simd::dispatch(kern, QuantizeRow { w, q, quant })
+}
+
+/// Clip candidates of [`quantize_weight_row`], padded to a whole number of vectors (the padding's
+/// errors are computed on `max|w|` again and never chosen: ties go to the first).
+const CLIPS: usize = 21;
+const CLIP_LANES: usize = 24;
+
+/// The clip search's ranges: `max|w| · (1 − t/100)`, padded with `max|w|`.
+fn clip_ranges(amax: f32) -> [f32; CLIP_LANES] {
+    let mut ranges = [amax; CLIP_LANES];
+    for (t, r) in ranges.iter_mut().enumerate().take(CLIPS).skip(1) {
+        *r = amax * (1.0 - t as f32 / 100.0);
     }
-    let mut range = amax;
-    if clip {
-        let err = |r: f32| {
-            let s = r / qmax;
-            w.iter()
-                .map(|x| {
-                    let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
-                    d as f64 * d as f64
-                })
-                .sum::<f64>()
-        };
-        let mut best = err(amax);
-        for t in 1..=20 {
-            let r = amax * (1.0 - t as f32 / 100.0);
-            let e = err(r);
-            if e < best {
-                (best, range) = (e, r);
+    ranges
+}
+
+/// The squared rounding error of `w` on each clip range, `Σ (round(x / s)·s − x)²` in f64 in input
+/// order, `s = range / qmax`.
+struct ClipErrors<'a> {
+    w: &'a [f32],
+    ranges: [f32; CLIP_LANES],
+    qmax: f32,
+}
+
+impl Kernel for ClipErrors<'_> {
+    type Out = [f64; CLIP_LANES];
+
+    #[inline(always)]
+    fn run<S: Simd>(self) -> [f64; CLIP_LANES] {
+        let ClipErrors { w, ranges, qmax } = self;
+        let steps = ranges.map(|r| r / qmax);
+        // One pass over the row for every candidate: independent f64 chains, where one candidate at a
+        // time is a single chain of dependent adds (21 passes over the row, each at the adder's latency).
+        let mut err = [0f64; CLIP_LANES];
+        for &x in w {
+            for (e, s) in err.iter_mut().zip(&steps) {
+                let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
+                *e += d as f64 * d as f64;
             }
         }
+        err
     }
-    let s = range / qmax;
-    for (d, x) in q.iter_mut().zip(w) {
-        *d = (x / s).round_ties_even().clamp(-qmax, qmax) as i8;
+}
+
+struct QuantizeRow<'a> {
+    w: &'a [f32],
+    q: &'a mut [i8],
+    quant: WeightQuant,
+}
+
+impl Kernel for QuantizeRow<'_> {
+    type Out = f32;
+
+    #[inline(always)]
+    fn run<S: Simd>(self) -> f32 {
+        let QuantizeRow { w, q, quant } = self;
+        let qmax = quant.qmax();
+        let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if amax == 0.0 || !amax.is_finite() {
+            q.fill(0);
+            return if amax == 0.0 { 0.0 } else { f32::NAN };
+        }
+        let mut range = amax;
+        if quant.clip {
+            let ranges = clip_ranges(amax);
+            let err = ClipErrors { w, ranges, qmax }.run::<S>();
+            let mut best = err[0];
+            for t in 1..CLIPS {
+                if err[t] < best {
+                    (best, range) = (err[t], ranges[t]);
+                }
+            }
+        }
+        let s = range / qmax;
+        for (d, x) in q.iter_mut().zip(w) {
+            *d = (x / s).round_ties_even().clamp(-qmax, qmax) as i8;
+        }
+        s
     }
-    s
 }
 
 /// How weight rows are quantised.
@@ -173,6 +225,8 @@ impl PackedInt8 {
         let mut data = AlignedBuf::<i8>::zeroed(panels * panel_len);
         let mut scale = vec![0f32; panels * NR];
         let mut wsum = vec![0i32; panels * NR];
+        // The same bytes on every instruction set (see `quantize_weight_row`); the best one is fastest.
+        let kern = Kernels::best();
         data.par_chunks_mut(panel_len.max(1))
             .zip(scale.par_chunks_mut(NR))
             .zip(wsum.par_chunks_mut(NR))
@@ -191,7 +245,7 @@ impl PackedInt8 {
                             *w *= f;
                         }
                     }
-                    sc[j] = quantize_weight_row(&wrow, &mut qrow, quant);
+                    sc[j] = quantize_weight_row(kern, &wrow, &mut qrow, quant);
                     ws[j] = qrow.iter().map(|&x| x as i32).sum();
                     for (kk, &q) in qrow.iter().enumerate() {
                         chunk[(kk / G) * NR * G + j * G + kk % G] = q;

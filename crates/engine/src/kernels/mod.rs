@@ -208,6 +208,14 @@ impl Kernels {
             .unwrap_or(Isa::Portable)
     }
 
+    /// The best kernels this CPU supports, whatever `KEV_ISA` says: for work whose results do not depend
+    /// on the instruction set (the int8 weights' quantisation), where the cap would only cost time.
+    pub(crate) fn best() -> Self {
+        Kernels {
+            isa: Self::best_isa(),
+        }
+    }
+
     /// Kernels for a given instruction set, if this CPU has it.
     pub fn with_isa(isa: Isa) -> Option<Self> {
         Self::supported(isa).then_some(Kernels { isa })

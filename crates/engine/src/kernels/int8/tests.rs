@@ -418,3 +418,111 @@ fn only_avx2_has_a_faster_kernel_for_narrow_weights() {
         assert_eq!(super::narrow_is_faster(kern), faster, "{kern:?} {path:?}");
     }
 }
+
+/// The weight quantisation gives the same bytes and scales on every instruction set as its definition
+/// taken literally (each clip candidate's squared error summed on its own, in input order, the first
+/// least one kept), and every candidate's error bit for bit. Rows with outliers, short and constant
+/// rows, all-zero and non-finite rows; both widths, with and without the clip search.
+#[test]
+fn weight_quantisation_is_its_definition_on_every_isa() {
+    fn definition(w: &[f32], q: &mut [i8], quant: WeightQuant) -> f32 {
+        let qmax = if quant.narrow { 63.0 } else { 127.0 };
+        let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if amax == 0.0 || !amax.is_finite() {
+            q.fill(0);
+            return if amax == 0.0 { 0.0 } else { f32::NAN };
+        }
+        let err = |r: f32| {
+            let s = r / qmax;
+            w.iter()
+                .map(|x| {
+                    let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
+                    d as f64 * d as f64
+                })
+                .sum::<f64>()
+        };
+        let mut range = amax;
+        if quant.clip {
+            let mut best = err(amax);
+            for t in 1..=20 {
+                let r = amax * (1.0 - t as f32 / 100.0);
+                let e = err(r);
+                if e < best {
+                    (best, range) = (e, r);
+                }
+            }
+        }
+        let s = range / qmax;
+        for (d, x) in q.iter_mut().zip(w) {
+            *d = (x / s).round_ties_even().clamp(-qmax, qmax) as i8;
+        }
+        s
+    }
+    fn errors(w: &[f32], qmax: f32) -> Vec<u64> {
+        let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        (0..=20)
+            .map(|t| {
+                let s = amax * (1.0 - t as f32 / 100.0) / qmax;
+                w.iter()
+                    .map(|x| {
+                        let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
+                        d as f64 * d as f64
+                    })
+                    .sum::<f64>()
+                    .to_bits()
+            })
+            .collect()
+    }
+    let mut seed = 23;
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for k in [1usize, 3, 8, 37, 256, 2560] {
+        rows.push((0..k).map(|_| lcg(&mut seed)).collect());
+        rows.push(
+            (0..k)
+                .map(|i| lcg(&mut seed) * if i % 17 == 5 { 12.0 } else { 1.0 })
+                .collect(),
+        );
+        rows.push(vec![0.25; k]);
+        rows.push(
+            (0..k)
+                .map(|i| if i % 2 == 0 { 0.5 } else { -0.5 })
+                .collect(),
+        );
+    }
+    rows.push(vec![0.0; 40]);
+    rows.push(
+        (0..40)
+            .map(|i| if i == 9 { f32::NAN } else { 1.0 })
+            .collect(),
+    );
+    rows.push(
+        (0..40)
+            .map(|i| if i == 9 { f32::INFINITY } else { 1.0 })
+            .collect(),
+    );
+    for clip in [false, true] {
+        for narrow in [false, true] {
+            let quant = WeightQuant { clip, narrow };
+            for (i, w) in rows.iter().enumerate() {
+                let mut want = vec![0i8; w.len()];
+                let sw = definition(w, &mut want, quant);
+                for kern in Kernels::available() {
+                    let mut got = vec![0x55i8; w.len()];
+                    let sg = quantize_weight_row(kern, w, &mut got, quant);
+                    let what = format!("{kern:?} {quant:?} row {i} (k {})", w.len());
+                    assert_eq!(sg.to_bits(), sw.to_bits(), "{what}");
+                    assert_eq!(got, want, "{what}");
+                    let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    if clip && amax > 0.0 && amax.is_finite() {
+                        let qmax = if narrow { 63.0 } else { 127.0 };
+                        let ranges = clip_ranges(amax);
+                        let got =
+                            crate::kernels::simd::dispatch(kern, ClipErrors { w, ranges, qmax });
+                        let got: Vec<u64> = got[..CLIPS].iter().map(|e| e.to_bits()).collect();
+                        assert_eq!(got, errors(w, qmax), "{what}: the candidates' errors");
+                    }
+                }
+            }
+        }
+    }
+}
