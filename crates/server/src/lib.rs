@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+mod conn;
 pub mod error;
 pub mod head;
 mod http;
@@ -184,8 +185,8 @@ pub struct ServerConfig {
     pub admit_permits: usize,
     /// Open connections at most; further connections wait in the listen backlog.
     pub max_connections: usize,
-    /// Longest a client may take to send a request's headers (slow clients are closed); hyper starts the
-    /// same clock while a keep-alive connection waits for its next request, so it is also the idle timeout.
+    /// Longest a client may take to send a request's headers (slow clients are closed); also the idle
+    /// timeout: a connection, HTTP/1.1 or HTTP/2, with no request open for this long is closed.
     pub header_read_timeout: Duration,
     /// Longest a decision request's body may take to arrive once its headers did (408); never less than
     /// `header_read_timeout`.
@@ -393,9 +394,10 @@ pub async fn serve_on<D: Decider>(
     Ok(())
 }
 
-/// Accept connections until `stop`, each served by hyper with the configured header-read timeout (which
-/// also closes a keep-alive connection left idle that long), at most `max_connections` at once (further
-/// ones wait in the listen backlog); then drain: refuse new work with 503, finish open requests.
+/// Accept connections until `stop`, each served by hyper with the configured header-read timeout, and
+/// closed once it has held no request that long (HTTP/1.1 and HTTP/2 alike, see [`conn`]), at most
+/// `max_connections` at once (further ones wait in the listen backlog); then drain: refuse new work with
+/// 503, finish open requests.
 async fn accept_loop<D: Decider>(
     listener: tokio::net::TcpListener,
     app: Arc<App<D>>,
@@ -422,10 +424,10 @@ async fn accept_loop<D: Decider>(
         .max_concurrent_streams(64)
         .keep_alive_interval(Some(app.config.header_read_timeout))
         .keep_alive_timeout(app.config.header_read_timeout);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let connections = Arc::new(tokio::sync::Semaphore::new(
-        app.config.max_connections.max(1),
-    ));
+    // Each connection holds a permit while it is open, so all of them back means every connection closed.
+    let max_connections = app.config.max_connections.max(1);
+    let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let (draining_tx, draining_rx) = tokio::sync::watch::channel(false);
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
@@ -448,33 +450,39 @@ async fn accept_loop<D: Decider>(
             _ = &mut stop => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let (builder, watcher) = (builder.clone(), graceful.watcher());
-        let first_bytes = app.config.header_read_timeout;
+        let activity = Arc::new(conn::Activity::default());
+        let service = TowerToHyperService::new(conn::Tracked {
+            inner: router.clone(),
+            activity: Arc::clone(&activity),
+        });
+        let (builder, draining) = (builder.clone(), draining_rx.clone());
+        let idle = app.config.header_read_timeout;
         tokio::spawn(async move {
             // Telling HTTP/1 from HTTP/2 waits for the first bytes, before hyper's header clock starts: a
             // connection that sends nothing is closed after the header-read timeout here instead.
             let mut one = [0u8; 1];
             if !matches!(
-                tokio::time::timeout(first_bytes, stream.peek(&mut one)).await,
+                tokio::time::timeout(idle, stream.peek(&mut one)).await,
                 Ok(Ok(1..))
             ) {
                 drop(permit);
                 return;
             }
             let conn = builder.serve_connection(TokioIo::new(stream), service);
-            let _ = watcher.watch(conn).await;
+            tokio::pin!(conn);
+            conn::serve(conn, &activity, idle, draining, |c| c.graceful_shutdown()).await;
             drop(permit);
         });
     }
     app.start_draining();
+    let _ = draining_tx.send(true);
     // While open connections drain, new ones are still accepted and answered (503 `unavailable_error` from
     // every decision route, no keep-alive) rather than refused at TCP; past the drain deadline whatever is
     // still open is closed.
     let mut draining_builder = builder.clone();
     draining_builder.http1().keep_alive(false);
     let deadline = tokio::time::sleep(app.config.drain_timeout);
-    let drained = graceful.shutdown();
+    let drained = connections.acquire_many(max_connections as u32);
     tokio::pin!(deadline, drained);
     loop {
         tokio::select! {

@@ -499,3 +499,63 @@ fn http2_with_prior_knowledge_gets_the_same_answers_and_errors() {
     let (status, _) = post_h2(&r, "/v1/nothing", b"{}");
     assert_eq!(status, 404);
 }
+
+/// An HTTP/2 connection is closed (GOAWAY) once it has held no request for the idle timeout, as an idle
+/// HTTP/1.1 keep-alive connection is, so idle clients cannot hold every connection slot; a request that
+/// takes longer than the timeout keeps its connection open until it is answered.
+#[test]
+fn idle_http2_connections_are_closed_and_busy_ones_are_not() {
+    let stub = Stub {
+        delay: Duration::from_millis(1500),
+        ..Stub::default()
+    };
+    let config = ServerConfig {
+        header_read_timeout: Duration::from_millis(400),
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(stub));
+    wait_ready(&r);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = r.addr;
+    let (status, served_for, closed_after) = rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+        let closed = tokio::spawn(async move {
+            let _ = conn.await;
+            std::time::Instant::now()
+        });
+        let t = std::time::Instant::now();
+        let req = http::Request::post(format!("http://{addr}/v1/systemone"))
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        let (resp, mut send) = client.send_request(req, false).unwrap();
+        send.send_data(bytes::Bytes::from_static(BODY.as_bytes()), true)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        let answered = std::time::Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("the idle HTTP/2 connection was not closed")
+            .unwrap();
+        (status, answered - t, closed - answered)
+    });
+    assert_eq!(status, 200);
+    assert!(
+        served_for >= Duration::from_millis(1400),
+        "answered after {served_for:?}: the stub sleeps 1.5 s"
+    );
+    assert!(
+        closed_after >= Duration::from_millis(300),
+        "closed {closed_after:?} after its answer: sooner than the idle timeout"
+    );
+}
