@@ -426,7 +426,9 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: Heade
     metrics::gauge!("kev_pinned_state_budget_bytes").set(s.pins.budget as f64);
     let q = app.queue.stats();
     use std::sync::atomic::Ordering::Relaxed;
-    metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed));
+    let bodies = q.rejected_bodies.load(Relaxed);
+    metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed) + bodies);
+    metrics::counter!("kev_body_permits_rejected_total").absolute(bodies);
     metrics::counter!("kev_queue_expired_total").absolute(q.expired.load(Relaxed));
     metrics::counter!("kev_queue_abandoned_total").absolute(q.abandoned.load(Relaxed));
     metrics::counter!("kev_engine_cancelled_total").absolute(q.cancelled.load(Relaxed));

@@ -69,6 +69,10 @@ fn describe() {
         "Decisions refused with 429: the queue was full, or every body-read permit was taken"
     );
     describe_counter!(
+        "kev_body_permits_rejected_total",
+        "Of kev_queue_rejected_total, the 429s because every body-read permit was taken (slow bodies)"
+    );
+    describe_counter!(
         "kev_queue_expired_total",
         "Decisions that waited past their deadline (529)"
     );

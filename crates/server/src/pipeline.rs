@@ -239,7 +239,7 @@ fn before_the_body<'a, D: Decider>(
     let reading = app.bodies.try_acquire().map_err(|_| {
         app.queue
             .stats()
-            .rejected_full
+            .rejected_bodies
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ApiError::bodies_full(crate::body_permits(app.queue.capacity()), 1)
     })?;

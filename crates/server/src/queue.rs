@@ -70,6 +70,8 @@ pub struct QueueConfig {
 pub struct QueueStats {
     /// Jobs refused because the queue was full.
     pub rejected_full: AtomicU64,
+    /// Requests refused before their body was read because every body-read permit was taken.
+    pub rejected_bodies: AtomicU64,
     /// Jobs that waited past their deadline (529).
     pub expired: AtomicU64,
     /// Waiting jobs dropped because their client left.

@@ -649,3 +649,58 @@ fn short_requests_with_a_short_deadline_start_while_a_long_piece_runs() {
     );
     assert_eq!(long.join().unwrap(), 200);
 }
+
+/// Clients still sending their bodies hold a body-read permit each (twice the queue depth): one more is
+/// refused with 429 before its body is read, counted in both 429 counters; once the slow bodies arrive,
+/// they are answered and new requests are taken again.
+#[test]
+fn slow_bodies_hold_the_read_permits_and_the_next_request_gets_429() {
+    let config = ServerConfig {
+        queue_depth: 1,
+        ..ServerConfig::default()
+    };
+    let r = start(config, Arc::new(Stub::new(Duration::ZERO)));
+    let full = body("slow", 10, true);
+    let (head, tail) = full.split_at(full.len() / 2);
+    // Two (2 × depth 1) requests whose headers and half a body have arrived.
+    let mut slow: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(r.addr).unwrap();
+            write!(
+                s,
+                "POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n",
+                full.len()
+            )
+            .unwrap();
+            s.write_all(head).unwrap();
+            s
+        })
+        .collect();
+    // The server takes the permits as it reads the heads; the third request's status tells when both are
+    // held (until then it may be answered 200).
+    let start = Instant::now();
+    let (status, resp) = loop {
+        let (status, resp) = post(&r, &body("third", 10, true));
+        if status == 429 || start.elapsed() > Duration::from_secs(20) {
+            break (status, resp);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status, 429, "no 429 while every body-read permit is held");
+    assert!(resp.header("retry-after").is_some());
+    let v = json_of(resp);
+    assert_eq!(v["detail"]["error_type"], "rate_limit_error", "{v}");
+    let bodies = metric(&r, "kev_body_permits_rejected_total");
+    assert!(bodies >= 1.0, "kev_body_permits_rejected_total {bodies}");
+    assert_eq!(metric(&r, "kev_queue_rejected_total"), bodies);
+    // The slow bodies finish and are answered; the server takes new requests again.
+    for s in &mut slow {
+        s.write_all(tail).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut got = [0u8; 12];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&got));
+    }
+    assert_eq!(post(&r, &body("after", 10, true)).0, 200);
+}
