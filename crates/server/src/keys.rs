@@ -406,11 +406,12 @@ impl Keys {
 mod tests {
     use super::*;
 
-    /// A directory of this test's own under the system's temporary one.
-    fn scratch(test: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("kev-keys-{}-{test}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A directory of this test's own under the system's temporary one, removed when dropped.
+    fn scratch(test: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("kev-keys-{test}-"))
+            .tempdir()
+            .unwrap()
     }
 
     fn write(dir: &Path, text: &str) -> PathBuf {
@@ -423,7 +424,7 @@ mod tests {
     fn a_file_is_read_checked_and_reloaded_keeping_state() {
         let dir = scratch("a_file_is_re");
         let p = write(
-            dir.as_path(),
+            dir.path(),
             r#"{"keys": [{"name": "a", "key": "sa", "requests_per_second": 1}, {"name": "b", "key": "sb"}]}"#,
         );
         let keys = Keys::read(&p).unwrap();
@@ -443,7 +444,7 @@ mod tests {
         drop(pass);
         // Reload: b removed, a kept with its (empty) bucket, c added.
         write(
-            dir.as_path(),
+            dir.path(),
             r#"{"keys": [{"name": "a", "key": "sa", "requests_per_second": 1}, {"name": "c", "key": "sc"}]}"#,
         );
         assert_eq!(keys.reload().unwrap(), 2);
@@ -454,7 +455,7 @@ mod tests {
             "a's bucket was reset by the reload"
         );
         // A broken file keeps the keys in force.
-        write(dir.as_path(), "{not json");
+        write(dir.path(), "{not json");
         assert!(keys.reload().is_err());
         assert_eq!(keys.names(), ["default", "a", "c"]);
     }
@@ -486,7 +487,7 @@ mod tests {
             ),
             (r#"{"keys": [{"name": "default", "key": "x"}]}"#, "unnamed"),
         ] {
-            let p = write(dir.as_path(), text);
+            let p = write(dir.path(), text);
             let e = Keys::read(&p).err().unwrap().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
@@ -496,7 +497,7 @@ mod tests {
     fn tokens_per_minute_lets_a_request_in_while_not_in_debt() {
         let dir = scratch("tokens_per_m");
         let p = write(
-            dir.as_path(),
+            dir.path(),
             r#"{"keys": [{"name": "t", "key": "st", "tokens_per_minute": 100, "concurrent": 2}]}"#,
         );
         let keys = Keys::read(&p).unwrap();
@@ -516,7 +517,7 @@ mod tests {
         );
         // Concurrency: two held, the third refused.
         let keys = Keys::read(&write(
-            dir.as_path(),
+            dir.path(),
             r#"{"keys": [{"name": "c", "key": "sc", "concurrent": 2}]}"#,
         ))
         .unwrap();

@@ -14,12 +14,15 @@ use kev_server::keys::Keys;
 use serde_json::json;
 use support::{Running, Stub, agent, json_of, send, start_ready};
 
-fn keys_file(test: &str, entries: serde_json::Value) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kev-server-keys-{}-{test}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("keys.json");
+/// A keys file in a temporary directory of the test's own (removed when the directory is dropped).
+fn keys_file(test: &str, entries: serde_json::Value) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("kev-server-keys-{test}-"))
+        .tempdir()
+        .unwrap();
+    let p = dir.path().join("keys.json");
     std::fs::write(&p, json!({ "keys": entries }).to_string()).unwrap();
-    p
+    (dir, p)
 }
 
 fn serve(keys: &Arc<Keys>, stub: Stub) -> Running {
@@ -57,7 +60,7 @@ fn metric(r: &Running, line_start: &str) -> f64 {
 
 #[test]
 fn each_key_gets_its_own_429s_and_the_others_are_answered() {
-    let p = keys_file(
+    let (_dir, p) = keys_file(
         "own",
         json!([
             {"name": "slow-rps", "key": "k-rps-secret", "requests_per_second": 0.2},
@@ -130,7 +133,7 @@ fn each_key_gets_its_own_429s_and_the_others_are_answered() {
 
 #[test]
 fn a_key_at_its_concurrency_limit_gets_429_until_a_request_finishes() {
-    let p = keys_file(
+    let (_dir, p) = keys_file(
         "conc",
         json!([{"name": "one-at-a-time", "key": "k-conc-secret", "concurrent": 1}]),
     );
@@ -158,7 +161,7 @@ fn a_key_at_its_concurrency_limit_gets_429_until_a_request_finishes() {
 
 #[test]
 fn a_key_removed_from_the_file_is_refused_once_it_is_read_again() {
-    let p = keys_file(
+    let (_dir, p) = keys_file(
         "revoke",
         json!([
             {"name": "leaving", "key": "k-leaving-secret"},
@@ -189,13 +192,11 @@ fn a_key_removed_from_the_file_is_refused_once_it_is_read_again() {
 #[test]
 fn an_early_429_reaches_a_client_sending_a_large_body() {
     use std::io::{Read, Write};
-    let keys = Arc::new(
-        Keys::read(&keys_file(
-            "early-429",
-            json!([{"name": "one", "key": "k-one", "concurrent": 1}]),
-        ))
-        .unwrap(),
+    let (_dir, p) = keys_file(
+        "early-429",
+        json!([{"name": "one", "key": "k-one", "concurrent": 1}]),
     );
+    let keys = Arc::new(Keys::read(&p).unwrap());
     let config = ServerConfig {
         api_keys: Some(Arc::clone(&keys)),
         min_body_rate: 0,
