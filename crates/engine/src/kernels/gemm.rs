@@ -492,7 +492,7 @@ fn gemm_bf16_amx(
 }
 
 /// The bytes of a slice, for prefetch hints.
-fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
+pub(crate) fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
     // SAFETY: any initialised memory may be viewed as bytes; the length covers exactly the slice.
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
 }
@@ -501,7 +501,7 @@ fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
 /// arrives in L2 while the current one is being used from L1 (the first row group of each block
 /// would otherwise wait on memory).
 #[inline]
-fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
+pub(crate) fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         let len = next.len();

@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::super::buf::AlignedBuf;
+use super::super::gemm::{as_bytes, prefetch_share};
 use super::super::pack::NR;
 use super::super::simd::{Kernel, Simd};
 use super::super::{Isa, Kernels, SendPtr};
@@ -401,9 +402,22 @@ fn run_panels(
                         block.as_ptr() as *const u8
                     };
                     let ablock = kgc * MR8 * G * eb;
+                    // The weights this panel reads next (its next block, else the next panel's first),
+                    // asked into L2 a share per row group, as the float GEMM does: with few rows (a
+                    // 94-token row has 16 groups) the first group's misses were a large part of a block.
+                    let next_w: &[i8] = if kb + kgc < kg {
+                        &wp[(kb + kgc) * NR * G..((kb + kgc + kgb).min(kg)) * NR * G]
+                    } else if (p + 1) * kg * NR * G < w.data.len() {
+                        let np = &w.data[(p + 1) * kg * NR * G..];
+                        &np[..kgb.min(kg) * NR * G]
+                    } else {
+                        &[]
+                    };
+                    let groups = (mc1 - mc0).div_ceil(MR8);
                     let mut i0 = mc0;
                     while i0 < mc1 {
                         let rows = (mc1 - i0).min(MR8);
+                        prefetch_share(as_bytes(next_w), (i0 - mc0) / MR8, groups);
                         let ag = qa[(i0 / MR8) * lq + kb * MR8 * G * eb..].as_ptr();
                         // The next group's activations, one group ahead: groups are a whole row
                         // apart (`lq`), too far for the hardware prefetcher, and once the rows outgrow
