@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::Context;
 use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::kernels::{Isa, peak};
-use kev_engine::{Arm, Backbone, Kernels, Qwen35Config};
+use kev_engine::{Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config};
 use serde::Serialize;
 
 use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, Quant, TorchDtype};
@@ -204,10 +204,17 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     let mut machine = Machine::now(kern.isa().name().to_string());
 
     // Ours first; the model is dropped at the end of this block.
+    // The int8 arm alone is loaded as `kev serve --precision int8` loads it (each layer quantised by the
+    // rule as it is packed, the float projections dropped), so the peak RSS is what that arm holds; with
+    // other arms the int8 weights are built beside the BF16 ones.
+    let int8_only = arms == [Arm::Int8];
     let t = Instant::now();
-    let mut model = Arc::new(
-        Backbone::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?,
-    );
+    let loaded = if int8_only {
+        Backbone::load_quantised(&dir, &opts, Int8Source::Rule(&Int8Plan::default()))
+    } else {
+        Backbone::load(&dir, &opts)
+    };
+    let mut model = Arc::new(loaded.with_context(|| format!("loading {}", dir.display()))?);
     let load_s = t.elapsed().as_secs_f64();
     let rss_after_load = rss_gib("VmRSS");
     eprintln!(
@@ -224,7 +231,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         .iter()
         .map(|&n| peers::bench_ids(n, a.seed, vocab))
         .collect();
-    if arms.contains(&Arm::Int8) {
+    if arms.contains(&Arm::Int8) && !int8_only {
         let t = Instant::now();
         // Nothing shares the model yet: the int8 plan is chosen before the first forward.
         let bytes = Arc::get_mut(&mut model)
@@ -350,6 +357,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     let comparisons = compare(&rows, &peers_done);
     let bars = bars(&Measured {
         isa: kern.isa(),
+        int8_only,
         cpu_flags: &machine.cpu_flags,
         peak: pk.as_ref(),
         rows: &rows,
