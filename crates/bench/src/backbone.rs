@@ -231,73 +231,88 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         .iter()
         .map(|&n| peers::bench_ids(n, a.seed, vocab))
         .collect();
-    if arms.contains(&Arm::Int8) && !int8_only {
-        let t = Instant::now();
-        // Nothing shares the model yet: the int8 plan is chosen before the first forward.
-        let bytes = Arc::get_mut(&mut model)
-            .context("the model is shared before its int8 form is built")?
-            .prepare_int8();
-        eprintln!(
-            "int8 weights: {:.2} GiB, quantised in {:.1} s (kept beside the BF16 ones)",
-            bytes as f64 / GIB,
-            t.elapsed().as_secs_f64()
-        );
-    }
+    // The float arms first, then the int8 arm with its weights built beside the BF16 ones: the float rows'
+    // peak RSS is that of the BF16 weights alone (the 11 GB bar), not of both forms.
+    let beside = arms.contains(&Arm::Int8) && !int8_only;
+    let first: Vec<Arm> = arms
+        .iter()
+        .copied()
+        .filter(|&arm| arm != Arm::Int8 || int8_only)
+        .collect();
     let mut rows = Vec::new();
-    for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
-        let gflop = cfg.prefill_flops(n) / 1e9;
-        for &arm in &arms {
-            let once = || -> anyhow::Result<(f64, f64)> {
-                let mut st = model.new_state();
-                let c0 = process_cpu_seconds();
-                let t = Instant::now();
-                let h = model.forward(arm, &mut st, toks, &[n - 1])?;
-                let dt = t.elapsed().as_secs_f64();
-                let cpu = process_cpu_seconds() - c0;
-                anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
-                Ok((dt, cpu))
-            };
-            for _ in 0..a.warmup {
-                once()?;
-            }
-            let timed: Vec<(f64, f64)> = (0..a.reps.max(1))
-                .map(|_| once())
-                .collect::<anyhow::Result<_>>()?;
-            let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
-            let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
-            let med = median(&runs).unwrap_or(f64::NAN);
-            let threads = kev_engine::kernels::threads() as f64;
-            // The rate the run would have had with its threads to itself: a guide when other processes
-            // share the cores (wall time is the figure of record). CPU time comes in 10 ms ticks: too short
-            // a run has no meaningful rate.
-            let cpu_med = median(&cpu).unwrap_or(0.0);
-            let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
-            let gflops = gflop / med;
-            // An int8 share only over an int8 ceiling: a share of the f32 peak would mislead.
-            let peak_share = if arm == Arm::Int8 {
-                int8_ceiling(pk.as_ref()).map(|g| gflops / g)
-            } else {
-                share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops)
-            };
+    for phase in [first, if beside { vec![Arm::Int8] } else { vec![] }] {
+        if phase.is_empty() {
+            continue;
+        }
+        if beside && phase == [Arm::Int8] {
+            let t = Instant::now();
+            // Nothing shares the model: the float arms ran on a borrowed one.
+            let bytes = Arc::get_mut(&mut model)
+                .context("the model is shared before its int8 form is built")?
+                .prepare_int8();
             eprintln!(
-                "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s)",
-                arm.name(),
-                cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}"))
+                "int8 weights: {:.2} GiB, quantised in {:.1} s (kept beside the BF16 ones)",
+                bytes as f64 / GIB,
+                t.elapsed().as_secs_f64()
             );
-            rows.push(RowResult {
-                arm: arm.name(),
-                tokens: n,
-                median_s: med,
-                runs_s: runs,
-                cpu_s: cpu,
-                gflops_per_cpu: cpu_gflops,
-                gflop,
-                gflops,
-                peak_share,
-                peak_rss_gib: rss_gib("VmHWM"),
-            });
+        }
+        for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
+            let gflop = cfg.prefill_flops(n) / 1e9;
+            for &arm in &phase {
+                let once = || -> anyhow::Result<(f64, f64)> {
+                    let mut st = model.new_state();
+                    let c0 = process_cpu_seconds();
+                    let t = Instant::now();
+                    let h = model.forward(arm, &mut st, toks, &[n - 1])?;
+                    let dt = t.elapsed().as_secs_f64();
+                    let cpu = process_cpu_seconds() - c0;
+                    anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
+                    Ok((dt, cpu))
+                };
+                for _ in 0..a.warmup {
+                    once()?;
+                }
+                let timed: Vec<(f64, f64)> = (0..a.reps.max(1))
+                    .map(|_| once())
+                    .collect::<anyhow::Result<_>>()?;
+                let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
+                let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
+                let med = median(&runs).unwrap_or(f64::NAN);
+                let threads = kev_engine::kernels::threads() as f64;
+                // The rate the run would have had with its threads to itself: a guide when other processes
+                // share the cores (wall time is the figure of record). CPU time comes in 10 ms ticks: too short
+                // a run has no meaningful rate.
+                let cpu_med = median(&cpu).unwrap_or(0.0);
+                let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
+                let gflops = gflop / med;
+                // An int8 share only over an int8 ceiling: a share of the f32 peak would mislead.
+                let peak_share = if arm == Arm::Int8 {
+                    int8_ceiling(pk.as_ref()).map(|g| gflops / g)
+                } else {
+                    share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops)
+                };
+                eprintln!(
+                    "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s)",
+                    arm.name(),
+                    cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}"))
+                );
+                rows.push(RowResult {
+                    arm: arm.name(),
+                    tokens: n,
+                    median_s: med,
+                    runs_s: runs,
+                    cpu_s: cpu,
+                    gflops_per_cpu: cpu_gflops,
+                    gflop,
+                    gflops,
+                    peak_share,
+                    peak_rss_gib: rss_gib("VmHWM"),
+                });
+            }
         }
     }
+    // Reported by length, then in the order `--arms` gave.
+    rows.sort_by_key(|r: &RowResult| (r.tokens, arms.iter().position(|x| x.name() == r.arm)));
     let weights = if model.has_lora() { "exact" } else { "merged" };
     let weight_gib = model.weight_bytes() as f64 / GIB;
     drop(model);

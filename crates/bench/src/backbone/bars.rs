@@ -307,8 +307,10 @@ pub(super) fn bars(m: &Measured<'_>) -> Vec<Bar> {
             ));
         }
     }
+    // Int8 rows beside float ones hold both weight forms: the BF16 bar is the float rows'.
     if let Some(rss) = rows
         .iter()
+        .filter(|r| m.int8_only || r.arm != "int8")
         .filter_map(|r| r.peak_rss_gib)
         .max_by(f64::total_cmp)
     {
