@@ -450,5 +450,12 @@ fn the_int8_arm_alone_is_held_to_its_own_memory_bar() {
     assert!(!b.met && b.value == 8.0 && b.threshold == 5.0);
     rows[0].peak_rss_gib = Some(3.8);
     assert!(bar(&rows, true).met);
-    assert!(bar(&rows, false).what.contains("BF16 weights"));
+    // Beside float arms, the int8 rows (both weight forms held) are not the BF16 bar's.
+    let mut fp32 = row("fp32", 94, 2.0, None);
+    fp32.peak_rss_gib = Some(7.0);
+    rows[0].peak_rss_gib = Some(10.5);
+    rows.push(fp32);
+    let b = bar(&rows, false);
+    assert!(b.what.contains("BF16 weights") && b.met, "{b:?}");
+    assert!((b.value - 7.0 * GIB / 1e9).abs() < 1e-12);
 }
