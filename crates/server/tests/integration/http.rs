@@ -447,6 +447,32 @@ fn the_warm_up_request_runs_the_served_path_before_ready() {
     assert!(err.to_string().contains("warm-up"), "{err}");
 }
 
+/// POST `body` to `path` on an open HTTP/2 connection: status and body bytes.
+async fn h2_post(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &'static [u8],
+) -> (u16, Vec<u8>) {
+    let req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(body), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    let status = resp.status().as_u16();
+    let mut recv = resp.into_body();
+    let mut all = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.unwrap();
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        all.extend_from_slice(&chunk);
+    }
+    (status, all)
+}
+
 /// POST `body` to `path` over HTTP/2 with prior knowledge (the preface first, no upgrade): status and body.
 fn post_h2(r: &Running, path: &str, body: &'static [u8]) -> (u16, Value) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -460,22 +486,7 @@ fn post_h2(r: &Running, path: &str, body: &'static [u8]) -> (u16, Value) {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let req = http::Request::post(format!("http://{addr}{path}"))
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap();
-        let (resp, mut send) = client.send_request(req, false).unwrap();
-        send.send_data(bytes::Bytes::from_static(body), true)
-            .unwrap();
-        let resp = resp.await.unwrap();
-        let status = resp.status().as_u16();
-        let mut recv = resp.into_body();
-        let mut all = Vec::new();
-        while let Some(chunk) = recv.data().await {
-            let chunk = chunk.unwrap();
-            let _ = recv.flow_control().release_capacity(chunk.len());
-            all.extend_from_slice(&chunk);
-        }
+        let (status, all) = h2_post(&mut client, addr, path, body).await;
         (status, serde_json::from_slice(&all).unwrap())
     })
 }
@@ -528,20 +539,7 @@ fn idle_http2_connections_are_closed_and_busy_ones_are_not() {
             std::time::Instant::now()
         });
         let t = std::time::Instant::now();
-        let req = http::Request::post(format!("http://{addr}/v1/systemone"))
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap();
-        let (resp, mut send) = client.send_request(req, false).unwrap();
-        send.send_data(bytes::Bytes::from_static(BODY.as_bytes()), true)
-            .unwrap();
-        let resp = resp.await.unwrap();
-        let status = resp.status().as_u16();
-        let mut body = resp.into_body();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.unwrap();
-            let _ = body.flow_control().release_capacity(chunk.len());
-        }
+        let (status, _) = h2_post(&mut client, addr, "/v1/systemone", BODY.as_bytes()).await;
         let answered = std::time::Instant::now();
         let closed = tokio::time::timeout(Duration::from_secs(10), closed)
             .await
