@@ -233,18 +233,11 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         .collect();
     // The float arms first, then the int8 arm with its weights built beside the BF16 ones: the float rows'
     // peak RSS is that of the BF16 weights alone (the 11 GB bar), not of both forms.
-    let beside = arms.contains(&Arm::Int8) && !int8_only;
-    let first: Vec<Arm> = arms
-        .iter()
-        .copied()
-        .filter(|&arm| arm != Arm::Int8 || int8_only)
-        .collect();
+    let (first, beside): (Vec<Arm>, Vec<Arm>) =
+        arms.iter().partition(|&&arm| arm != Arm::Int8 || int8_only);
     let mut rows = Vec::new();
-    for phase in [first, if beside { vec![Arm::Int8] } else { vec![] }] {
-        if phase.is_empty() {
-            continue;
-        }
-        if beside && phase == [Arm::Int8] {
+    for (phase, arms_now) in [first, beside].into_iter().enumerate() {
+        if phase == 1 && !arms_now.is_empty() {
             let t = Instant::now();
             // Nothing shares the model: the float arms ran on a borrowed one.
             let bytes = Arc::get_mut(&mut model)
@@ -258,7 +251,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         }
         for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
             let gflop = cfg.prefill_flops(n) / 1e9;
-            for &arm in &phase {
+            for &arm in &arms_now {
                 let once = || -> anyhow::Result<(f64, f64)> {
                     let mut st = model.new_state();
                     let c0 = process_cpu_seconds();
