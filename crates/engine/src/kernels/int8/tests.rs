@@ -425,53 +425,41 @@ fn only_avx2_has_a_faster_kernel_for_narrow_weights() {
 /// rows, all-zero and non-finite rows; both widths, with and without the clip search.
 #[test]
 fn weight_quantisation_is_its_definition_on_every_isa() {
+    /// The squared rounding error of `w` with step `s`, summed in input order.
+    fn err(w: &[f32], s: f32, qmax: f32) -> f64 {
+        w.iter()
+            .map(|x| {
+                let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
+                d as f64 * d as f64
+            })
+            .sum::<f64>()
+    }
+    /// Range `t` of the clip search: `max|w| · (1 − t/100)`.
+    fn range(amax: f32, t: usize) -> f32 {
+        amax * (1.0 - t as f32 / 100.0)
+    }
     fn definition(w: &[f32], q: &mut [i8], quant: WeightQuant) -> f32 {
-        let qmax = if quant.narrow { 63.0 } else { 127.0 };
+        let qmax = quant.qmax();
         let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
         if amax == 0.0 || !amax.is_finite() {
             q.fill(0);
             return if amax == 0.0 { 0.0 } else { f32::NAN };
         }
-        let err = |r: f32| {
-            let s = r / qmax;
-            w.iter()
-                .map(|x| {
-                    let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
-                    d as f64 * d as f64
-                })
-                .sum::<f64>()
-        };
-        let mut range = amax;
+        let mut best = amax;
         if quant.clip {
-            let mut best = err(amax);
+            let mut least = err(w, amax / qmax, qmax);
             for t in 1..=20 {
-                let r = amax * (1.0 - t as f32 / 100.0);
-                let e = err(r);
-                if e < best {
-                    (best, range) = (e, r);
+                let e = err(w, range(amax, t) / qmax, qmax);
+                if e < least {
+                    (least, best) = (e, range(amax, t));
                 }
             }
         }
-        let s = range / qmax;
+        let s = best / qmax;
         for (d, x) in q.iter_mut().zip(w) {
             *d = (x / s).round_ties_even().clamp(-qmax, qmax) as i8;
         }
         s
-    }
-    fn errors(w: &[f32], qmax: f32) -> Vec<u64> {
-        let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-        (0..=20)
-            .map(|t| {
-                let s = amax * (1.0 - t as f32 / 100.0) / qmax;
-                w.iter()
-                    .map(|x| {
-                        let d = (x / s).round_ties_even().clamp(-qmax, qmax) * s - x;
-                        d as f64 * d as f64
-                    })
-                    .sum::<f64>()
-                    .to_bits()
-            })
-            .collect()
     }
     let mut seed = 23;
     let mut rows: Vec<Vec<f32>> = Vec::new();
@@ -514,12 +502,15 @@ fn weight_quantisation_is_its_definition_on_every_isa() {
                     assert_eq!(got, want, "{what}");
                     let amax = w.iter().fold(0f32, |m, x| m.max(x.abs()));
                     if clip && amax > 0.0 && amax.is_finite() {
-                        let qmax = if narrow { 63.0 } else { 127.0 };
+                        let qmax = quant.qmax();
                         let ranges = clip_ranges(amax);
                         let got =
                             crate::kernels::simd::dispatch(kern, ClipErrors { w, ranges, qmax });
                         let got: Vec<u64> = got[..CLIPS].iter().map(|e| e.to_bits()).collect();
-                        assert_eq!(got, errors(w, qmax), "{what}: the candidates' errors");
+                        let want: Vec<u64> = (0..=20)
+                            .map(|t| err(w, range(amax, t) / qmax, qmax).to_bits())
+                            .collect();
+                        assert_eq!(got, want, "{what}: the candidates' errors");
                     }
                 }
             }
