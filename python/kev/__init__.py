@@ -105,8 +105,8 @@ class Model:
     ``kev`` (the two release directories; the LoRA is merged at load). ``weights`` is ``"merged"`` or
     ``"exact"`` (LoRA unmerged in fp32; needs ``base``/``kev``); ``precision`` is ``"fp32"``, ``"bf16"`` or
     ``"int8"`` (default: bf16 where the CPU has AVX512_BF16, else fp32); ``cache_bytes`` bounds the
-    prepared-state cache (0 turns it off; default an eighth of memory, at most 4 GiB). ``pass_tokens`` is the
-    most tokens one forward pass takes (default 4096, as ``kev decide``); ``threads`` gives the model a thread
+    prepared-state cache (0 turns it off; default an eighth of the memory the loaded model leaves free, at
+    most 4 GiB). ``pass_tokens`` is the most tokens one forward pass takes (default 4096, as ``kev decide``); ``threads`` gives the model a thread
     pool of its own (default: the process-wide pool, sized by ``RAYON_NUM_THREADS`` or the core count).
 
     The service options are ``kev serve``'s, applied by the same library code, so the same options give the same

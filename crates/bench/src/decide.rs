@@ -33,7 +33,6 @@ use super::{
     Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Summary, peer_env,
     print_bars, reset_peak_rss, rss_gib, secs, speedup, times, write_json,
 };
-use kev_decide::load::default_cache_bytes;
 
 /// What `kev bench decide` measures (its flags, parsed).
 #[derive(Debug, Clone)]
@@ -125,7 +124,7 @@ impl Mode {
             limits: Limits::KEV,
             caps: kev_decide::Caps::default(),
             pass_tokens: pass_tokens.max(1),
-            cache_bytes: 0,
+            cache_bytes: Some(0),
             chunk_aligned,
             rows_from_zero: false,
             ..Settings::default()
@@ -136,8 +135,9 @@ impl Mode {
                 ..base
             },
             Mode::Shared => base,
+            // The service's default budget, as `kev serve` chooses it once the weights are loaded.
             Mode::Cached => Settings {
-                cache_bytes: default_cache_bytes(),
+                cache_bytes: None,
                 ..base
             },
         }
@@ -437,6 +437,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     drop(tok);
 
     let mut results = Vec::new();
+    let mut cache_bytes = 0;
     for &arm in &arms {
         for mode in [Mode::FromZero, Mode::Shared, Mode::Cached] {
             let cases: Vec<&Selected> = selected
@@ -448,6 +449,9 @@ pub fn run(a: Options) -> anyhow::Result<()> {
             }
             let settings = mode.settings(a.pass_tokens, !a.unaligned_state);
             let kev = service(&loaded, arm, settings)?;
+            if mode == Mode::Cached {
+                cache_bytes = kev.settings().cache_bytes.unwrap_or(0);
+            }
             for s in cases {
                 results.push(time_case(&kev, s, arm, mode, a.reps.max(1), a.warmup)?);
             }
@@ -537,7 +541,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         weight_gib,
         rss_before_peers_gib: rss_before_peers,
         pass_tokens: a.pass_tokens,
-        cache_bytes: default_cache_bytes(),
+        cache_bytes,
         chunk_aligned: !a.unaligned_state,
         cases,
         results,

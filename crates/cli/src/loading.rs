@@ -18,8 +18,8 @@ pub struct ServiceArgs {
     /// up to it).
     #[arg(long, env = "KEV_PASS_TOKENS", default_value_t = 4096)]
     pub pass_tokens: usize,
-    /// Byte budget of the prepared-state cache (0 turns it off; default: an eighth of the machine's memory,
-    /// at most 4 GiB).
+    /// Byte budget of the prepared-state cache (0 turns it off; default: an eighth of the memory the loaded
+    /// model leaves free, at most 4 GiB).
     #[arg(long, env = "KEV_CACHE_BYTES")]
     pub cache_bytes: Option<usize>,
     /// Byte budget of pinned states (`POST /v1/systemone/states`), beside the cache's; 0 turns pinning off.
@@ -88,7 +88,7 @@ impl ServiceArgs {
                 max_batch_input_tokens: self.max_batch_input_tokens,
             },
             pass_tokens: self.pass_tokens.max(1),
-            cache_bytes: self.cache_bytes.unwrap_or_else(default_cache_bytes),
+            cache_bytes: self.cache_bytes,
             pin_bytes: self.pin_bytes,
             chunk_aligned: !self.unaligned_state,
             rows_from_zero: self.rows_from_zero,
@@ -98,8 +98,6 @@ impl ServiceArgs {
         })
     }
 }
-
-pub use kev_decide::load::default_cache_bytes;
 
 impl ModelArgs {
     /// The load specification these flags name.

@@ -199,28 +199,38 @@ impl ModelInfo {
             "x_max_state_tokens": settings.limits.max_state_tokens,
             "x_max_row_tokens": settings.limits.max_row_tokens,
             "x_truncate_states": settings.limits.truncate_state,
-            "x_prefix_cache": {"bytes": settings.cache_bytes, "chunk_aligned": settings.chunk_aligned},
+            "x_prefix_cache": {"bytes": settings.cache_bytes.unwrap_or(0), "chunk_aligned": settings.chunk_aligned},
             "x_pass_tokens": settings.pass_tokens,
         })
     }
 }
 
-/// The prepared-state cache budget every front end defaults to: an eighth of physical memory, at most
-/// 4 GiB (512 MiB if it cannot be read).
+/// The prepared-state cache budget every front end defaults to, chosen once the weights are loaded: an
+/// eighth of the physical memory this process does not already hold, at most 4 GiB (512 MiB if either
+/// cannot be read). The cache competes with the weights for the machine: on an 8 GB laptop serving the
+/// int8 4B (3.6 GiB resident) that is ~0.5 GiB, where an eighth of all memory (1 GiB) took the server
+/// past 5 GiB at its peak.
 pub fn default_cache_bytes() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
+    fn kib(file: &str, key: &str) -> Option<usize> {
+        std::fs::read_to_string(file).ok().and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<usize>().ok())
         })
-        .map(|kb| kb * 1024);
-    match total {
-        Some(t) => (t / 8).min(4 << 30),
-        None => 512 << 20,
     }
+    match (
+        kib("/proc/meminfo", "MemTotal:"),
+        kib("/proc/self/status", "VmRSS:"),
+    ) {
+        (Some(total), Some(held)) => cache_budget(total * 1024, held * 1024),
+        _ => 512 << 20,
+    }
+}
+
+/// [`default_cache_bytes`] of a machine with `total` bytes of memory, `held` of them by this process.
+fn cache_budget(total: usize, held: usize) -> usize {
+    (total.saturating_sub(held) / 8).min(4 << 30)
 }
 
 /// The compute arm a CPU gets by default: bf16 with native BF16 dot products, else fp32.
@@ -413,7 +423,7 @@ pub fn load_cpu_int8(
         PointerHead::new(&files.head, hidden)?,
         KevTokenizer::from_file(&files.tok_path)?,
         Settings {
-            cache_bytes: 0,
+            cache_bytes: Some(0),
             ..spec.settings.clone()
         },
         0,
@@ -555,6 +565,9 @@ fn finish_cpu(
     let model_id = model_id(&info);
     let kev = Kev::new(backend, pointer, tokenizer, spec.settings.clone(), model_id)
         .with_info(info.clone());
+    // Loading leaves hundreds of megabytes of freed temporaries (tensor conversions, the tokenizer's JSON)
+    // in the C heap; a server would hold them for its whole life.
+    kev_engine::release_free_heap();
     tracing::info!(
         source = %info.source,
         weights = spec.form.name(),
@@ -621,12 +634,26 @@ fn civil_date(days: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::civil_date;
+    use super::{cache_budget, civil_date};
 
     #[test]
     fn civil_dates() {
         assert_eq!(civil_date(0), "1970-01-01");
         assert_eq!(civil_date(20_363), "2025-10-02");
         assert_eq!(civil_date(11_016), "2000-02-29");
+    }
+
+    #[test]
+    fn the_default_cache_leaves_room_for_the_weights() {
+        const MIB: usize = 1 << 20;
+        const GIB: usize = 1 << 30;
+        // An 8 GB laptop (7.5 GiB to Linux) serving the int8 4B (3.5 GiB resident): 512 MiB, where an
+        // eighth of all memory was 960 MiB.
+        assert_eq!(cache_budget(7680 * MIB, 3584 * MIB), 512 * MIB);
+        // The BF16 4B (7 GiB) on a 16 GiB machine: 1.125 GiB. A large machine: capped at 4 GiB.
+        assert_eq!(cache_budget(16 * GIB, 7 * GIB), 9 * GIB / 8);
+        assert_eq!(cache_budget(256 * GIB, 7 * GIB), 4 * GIB);
+        // A process holding more than the machine (swap): no cache.
+        assert_eq!(cache_budget(4 * GIB, 5 * GIB), 0);
     }
 }

@@ -75,8 +75,12 @@ pub struct Settings {
     pub caps: Caps,
     /// Largest number of tokens one forward pass takes (a longer single row still runs alone).
     pub pass_tokens: usize,
-    /// Byte budget of the prepared-state cache (0 disables it).
-    pub cache_bytes: usize,
+    /// Byte budget of the prepared-state cache (0 disables it). `None`: [`default_cache_bytes`], chosen
+    /// when the service is assembled ([`Kev::new`]), once the weights are resident; the service's own
+    /// settings then hold the budget chosen.
+    ///
+    /// [`default_cache_bytes`]: crate::load::default_cache_bytes
+    pub cache_bytes: Option<usize>,
     /// Byte budget of the pinned states ([`crate::pinned`]; 0 disables pinning), beside the cache's.
     pub pin_bytes: usize,
     /// Snapshot at a multiple of the GDN chunk (exact sharing, see the module docs). Off: snapshot at
@@ -103,7 +107,7 @@ impl Default for Settings {
             limits: Limits::KEV,
             caps: Caps::default(),
             pass_tokens: 4096,
-            cache_bytes: 2 << 30,
+            cache_bytes: None,
             pin_bytes: 1 << 30,
             chunk_aligned: true,
             rows_from_zero: false,
@@ -295,10 +299,14 @@ impl<B: Backend> Kev<B> {
         backend: B,
         mut head: PointerHead,
         tokenizer: KevTokenizer,
-        settings: Settings,
+        mut settings: Settings,
         model_id: u64,
     ) -> Self {
-        let cache = PrefixCache::new(settings.cache_bytes);
+        let cache_bytes = settings
+            .cache_bytes
+            .unwrap_or_else(crate::load::default_cache_bytes);
+        settings.cache_bytes = Some(cache_bytes);
+        let cache = PrefixCache::new(cache_bytes);
         let pinned = PinnedStates::new(settings.pin_bytes);
         head.set_calibration(settings.calibration.clone());
         let calibration = settings.calibration.clone();
@@ -628,16 +636,21 @@ impl<B: Backend> Kev<B> {
         if let Some(s) = self.pinned.snapshot(model, ids) {
             return Some(s);
         }
-        if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
+        if self.caching() {
             self.cache.get(model, ids)
         } else {
             None
         }
     }
 
+    /// Whether prepared states are cached (a budget, and rows that share prefixes).
+    fn caching(&self) -> bool {
+        self.settings.cache_bytes.is_some_and(|b| b > 0) && !self.settings.rows_from_zero
+    }
+
     /// Keep a job's prefix snapshot in the cache, under its adapter (if caching is on).
     pub(crate) fn remember(&self, job: &Job, snapshot: &Snapshot<B::State>) {
-        if self.settings.cache_bytes > 0 && !self.settings.rows_from_zero {
+        if self.caching() {
             let bytes = self.backend.state_bytes(&snapshot.state);
             let model = self.adapter_of(job).model_id;
             self.cache

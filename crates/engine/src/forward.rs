@@ -286,12 +286,7 @@ impl Backbone {
             return Ok(rows.iter().map(|_| Vec::new()).collect());
         }
 
-        let mut ws = self
-            .pool
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
+        let mut ws = self.pool.take();
         let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
         let (qd, kvd) = (
             cfg.num_attention_heads * cfg.head_dim,
@@ -528,7 +523,7 @@ impl Backbone {
             next += n;
             result.push(o);
         }
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(ws);
+        self.pool.put(ws);
         Ok(result)
     }
 }

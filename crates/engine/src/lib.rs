@@ -45,5 +45,6 @@ pub use forward::BatchRow;
 pub use int8_file::{INT8_FILE, INT8_FORMAT};
 pub use kernels::{Arm, Kernels};
 pub use model::{Backbone, Int8Source, LoadOptions};
+pub use scratch::release_free_heap;
 pub use state::State;
 pub use weights::{Checkpoint, Weights};

@@ -329,7 +329,7 @@ pub struct Backbone {
     /// RoPE inverse frequencies in f32, as HF computes them.
     pub(crate) inv_freq: Vec<f32>,
     /// Activation buffers, reused across calls (one per concurrent call).
-    pub(crate) pool: std::sync::Mutex<Vec<crate::scratch::Workspace>>,
+    pub(crate) pool: crate::scratch::WorkspacePool,
     /// Adapter slots a row may name ([`crate::BatchRow::adapter`]): 1 plus those [`Backbone::add_adapter`]
     /// added.
     pub(crate) slots: usize,
@@ -435,7 +435,7 @@ impl Backbone {
             layers,
             kern,
             inv_freq,
-            pool: std::sync::Mutex::new(Vec::new()),
+            pool: crate::scratch::WorkspacePool::new(crate::scratch::WORKSPACE_KEEP),
             slots: 1,
             merged_adapter: merge && w.has_lora(),
         })
@@ -824,5 +824,30 @@ mod tests {
             }
         }
         assert_eq!(checked, want["adapted"].as_u64().unwrap() as usize);
+    }
+
+    /// A pass whose workspace is over the pool's limit gives its buffers back (nothing pooled), and the
+    /// next pass, on buffers mapped afresh, gives the same bits as one on pooled buffers.
+    #[test]
+    fn a_workspace_over_the_limit_is_not_kept_and_results_do_not_change() {
+        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        let mut m = Backbone::load(&fx.join("release/base"), &LoadOptions::default()).unwrap();
+        let tokens: Vec<u32> = (0..300).map(|i| (i * 7 % 200) as u32).collect();
+        let wanted = [0, 150, 299];
+        let run = |m: &Backbone| {
+            let mut state = m.new_state();
+            m.forward(Arm::Fp32, &mut state, &tokens, &wanted).unwrap()
+        };
+        let first = run(&m);
+        assert_eq!(
+            m.pool.held(),
+            1,
+            "the default limit keeps a small model's workspace"
+        );
+        assert_eq!(run(&m), first, "pooled buffers");
+        m.pool = crate::scratch::WorkspacePool::new(1 << 10);
+        assert_eq!(run(&m), first, "fresh buffers");
+        assert_eq!(m.pool.held(), 0, "over the limit: not kept");
+        assert_eq!(run(&m), first, "fresh buffers again");
     }
 }

@@ -143,7 +143,7 @@ impl Engine {
                 ..caps
             },
             pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
-            cache_bytes: cache_bytes.unwrap_or_else(kev_decide::load::default_cache_bytes),
+            cache_bytes,
             date_facts,
             calibration,
             strict_models,

@@ -109,9 +109,9 @@ fn probability_differences() {
 fn modes_and_cases() {
     assert!(Mode::FromZero.settings(4096, true).rows_from_zero);
     let shared = Mode::Shared.settings(4096, true);
-    assert!(!shared.rows_from_zero && shared.cache_bytes == 0 && shared.chunk_aligned);
+    assert!(!shared.rows_from_zero && shared.cache_bytes == Some(0) && shared.chunk_aligned);
     assert!(!Mode::Shared.settings(4096, false).chunk_aligned);
-    assert!(Mode::Cached.settings(0, true).cache_bytes > 0);
+    assert_eq!(Mode::Cached.settings(0, true).cache_bytes, None);
     assert_eq!(Mode::Cached.settings(0, true).pass_tokens, 1);
     let r = CaseRequest {
         body: Vec::new(),

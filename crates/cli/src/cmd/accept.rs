@@ -75,8 +75,6 @@ fn options(args: &Args) -> Result<AcceptOptions, String> {
         command: Some(std::env::args().collect::<Vec<_>>().join(" ")),
         ..AcceptOptions::default()
     };
-    // The service's defaults, as `kev serve` starts with them.
-    opts.settings.cache_bytes = crate::loading::default_cache_bytes();
     let release: kev_release::Release = args.release.parse()?;
     opts = opts.with_release(release);
     if let Some(p) = &args.pins {

@@ -153,6 +153,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         keys = ?config.api_keys.as_ref().map(|k| k.names()),
         queue_depth = config.queue_depth,
         names = ?config.model_names,
+        cache_bytes = kev.settings().cache_bytes.unwrap_or(0),
         "starting the server"
     );
     // The library's decision service is the server's decider as it stands (`kev_server::served`).

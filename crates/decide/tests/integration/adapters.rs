@@ -40,7 +40,7 @@ fn spec(kev: &Path, arm: Arm, settings: Settings) -> LoadSpec {
 
 fn settings() -> Settings {
     Settings {
-        cache_bytes: 64 << 20,
+        cache_bytes: Some(64 << 20),
         strict_models: true,
         ..Settings::default()
     }

@@ -33,7 +33,7 @@ fn kev() -> &'static Kev<CpuBackend> {
     static KEV: OnceLock<Kev<CpuBackend>> = OnceLock::new();
     KEV.get_or_init(|| {
         load(Settings {
-            cache_bytes: 0,
+            cache_bytes: Some(0),
             ..Settings::default()
         })
     })
@@ -234,7 +234,7 @@ fn work_caps_refuse_with_413_naming_field_bound_and_value_before_tokenizing() {
             max_input_tokens: 500,
             ..kev_decide::Caps::default()
         },
-        cache_bytes: 0,
+        cache_bytes: Some(0),
         ..Settings::default()
     });
     let body = serde_json::json!({"state": long_state(40), "questions": {"a": {"type": "noul"}, "b": {"type": "noul"}}});
@@ -330,7 +330,7 @@ fn a_fan_out_is_held_to_the_caps_summed_over_its_parts_all_or_nothing() {
     let with = |caps: kev_decide::Caps| {
         load(Settings {
             caps,
-            cache_bytes: 0,
+            cache_bytes: Some(0),
             ..Settings::default()
         })
     };
@@ -397,7 +397,7 @@ fn identical_state_prefixes_in_one_batch_run_once() {
     for pass_tokens in [4096, 64] {
         // A service of its own: its row counter sees no other test's work.
         let kev = &load(Settings {
-            cache_bytes: 0,
+            cache_bytes: Some(0),
             pass_tokens,
             ..Settings::default()
         });

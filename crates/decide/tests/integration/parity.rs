@@ -73,7 +73,7 @@ fn load(release: &str, form: WeightForm, arm: Arm, settings: Settings) -> Kev<Cp
 
 fn small_cache() -> Settings {
     Settings {
-        cache_bytes: 64 << 20,
+        cache_bytes: Some(64 << 20),
         ..Settings::default()
     }
 }

@@ -23,7 +23,7 @@ pub fn spec(form: WeightForm, arm: Option<Arm>) -> LoadSpec {
         form,
         arm,
         settings: Settings {
-            cache_bytes: 64 << 20,
+            cache_bytes: Some(64 << 20),
             ..Settings::default()
         },
     }
