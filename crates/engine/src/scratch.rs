@@ -116,7 +116,8 @@ impl WorkspacePool {
     }
 
     /// Return a workspace after a call: kept for the next if small enough, else unmapped now and the C
-    /// heap trimmed with it (a pass that large also freed a long row's state buffers). Whether it was kept.
+    /// heap trimmed with it (of what earlier requests' row states and this pass's temporaries left in it).
+    /// Whether it was kept.
     pub fn put(&self, ws: Workspace) -> bool {
         if ws.bytes() <= self.keep {
             self.free().push(ws);
