@@ -228,8 +228,11 @@ def test_calibration_and_date_facts_give_the_bytes_kev_serve_gives(tmp_path, val
         }
     ).encode()
     bodies = [dated] + valid_bodies[:12]
-    model = kev.Model(base=BASE, kev=KEV, calibration=calibration, date_facts=True)
-    proc, url = _serve(tmp_path, "--calibration", str(calibration), "--date-facts")
+    # The cache budget is given: by default each process chooses it from the memory it leaves free, and a
+    # Python process holds more than kev serve.
+    cache = str(256 << 20)
+    model = kev.Model(base=BASE, kev=KEV, calibration=calibration, date_facts=True, cache_bytes=int(cache))
+    proc, url = _serve(tmp_path, "--calibration", str(calibration), "--date-facts", "--cache-bytes", cache)
     try:
         served = [_post(url, b).decode() for b in bodies]
         import urllib.request
