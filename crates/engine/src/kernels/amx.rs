@@ -21,6 +21,11 @@
 //! Determinism: each output element is one chain over the input chunks of 16 pairs (or quads) in
 //! increasing order, accumulated inside its tile, and depends only on its row of A: rows are padded to
 //! blocks of 32 with zeros, so neither `m` nor a row's place in its block changes a bit.
+//!
+//! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunk_rows`]), and for each chunk the
+//! threads take panels; a panel runs each 32-row block of the chunk and asks the start of the next panel
+//! into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
+//! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
 
 use std::arch::asm;
 use std::sync::OnceLock;
@@ -218,21 +223,154 @@ impl Scratch {
     }
 }
 
+/// The tile unit blocks run on: the CPU's tiles ([`Amx`]) or, in tests, a plain-arithmetic stand-in
+/// with the same contract, so the drivers above the assembly (row chunks, panels, tails, padding) are
+/// tested on every CPU, not only where AMX exists.
+pub(crate) trait TileUnit {
+    /// What holds the thread's tile configuration while it lives.
+    type Guard;
+    /// # Safety
+    /// The unit exists on this CPU (for [`Amx`]: [`available`] returned true).
+    unsafe fn configure() -> Self::Guard;
+    /// [`block`]'s contract.
+    ///
+    /// # Safety
+    /// As [`block`].
+    unsafe fn block(product: Product, blk: Block);
+}
+
+/// The CPU's tiles.
+pub(crate) struct Amx;
+
+impl TileUnit for Amx {
+    type Guard = Tiles;
+    #[inline]
+    unsafe fn configure() -> Tiles {
+        // SAFETY: forwarded.
+        unsafe { Tiles::configure() }
+    }
+    #[inline]
+    unsafe fn block(product: Product, blk: Block) {
+        // SAFETY: forwarded.
+        unsafe { block(product, blk) }
+    }
+}
+
+/// Bytes of activation rows one chunk of a tile GEMM keeps in L2 while every panel passes over them:
+/// half the 2 MiB of L2 each core of every AMX CPU so far has (Sapphire, Emerald, Granite Rapids), the
+/// rest for the panel in use and the next one arriving.
+const A_CHUNK_BYTES: usize = 1 << 20;
+
+/// Rows per chunk for activation rows `lda` bytes apart: as many whole 32-row blocks as fit
+/// [`A_CHUNK_BYTES`], or all `m` rows where fewer than three blocks fit.
+///
+/// Why: without chunks each panel streams all the rows again, and at a long row the rows outgrow L2:
+/// at 1,518 tokens and 2,560 inputs that is 3.9 MB (int8) or 7.8 MB (bf16) from L3 per 64 outputs, about
+/// 170 GB per bf16 forward of the 4B, where the tiles need a few tens of microseconds per panel. With
+/// chunks the rows come from L2 and the weights are read once per chunk instead, `64 / rows` of that
+/// traffic; below three blocks that ratio is no gain, so the rows stay whole.
+pub(crate) fn chunk_rows(lda: usize, m: usize) -> usize {
+    let rows = A_CHUNK_BYTES / lda.max(1) / ROWS * ROWS;
+    if rows < 3 * ROWS { m.max(1) } else { rows }
+}
+
+/// The weights of a tile GEMM: `n` outputs in panels of 64, `panel_bytes` each, in the layout the B
+/// tiles read (see the module documentation).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Panels<'a> {
+    pub data: &'a [u8],
+    pub panel_bytes: usize,
+    pub n: usize,
+}
+
+/// Bytes of the next panel asked into L2 while a panel runs: its first steps, which the hardware
+/// streamer has not yet found when the panel starts; the rest it streams.
+const NEXT_PANEL_BYTES: usize = 256 << 10;
+
+/// `C = A · Wᵀ` on tiles: rows in chunks of `chunk` (a multiple of 32, see [`chunk_rows`]); for each chunk
+/// the threads take panels, and each panel runs every 32-row block of the chunk ([`run_panel`]), then
+/// `out(p, r0, rows, results)` with the panel, the block's first row (of all `m`), its number of real rows
+/// and its results (64 per row, as [`run_panel`] gives them).
+///
+/// Every output is one chain over its inputs in increasing order inside one block, whatever the chunk,
+/// so the chunk changes no bit.
+///
+/// # Safety
+/// As [`run_panel`] for all `rows.m` rows, with `depth = w.panel_bytes / 256`; `U` exists on this CPU.
+pub(crate) unsafe fn run_gemm<U: TileUnit>(
+    product: Product,
+    rows: TileRows,
+    w: Panels<'_>,
+    chunk: usize,
+    out: impl Fn(usize, usize, usize, &[i32]) + Sync,
+) {
+    use rayon::prelude::*;
+    assert!(
+        chunk > 0 && chunk.is_multiple_of(ROWS) || chunk >= rows.m,
+        "chunk of whole blocks"
+    );
+    let TileRows { a, lda, m } = rows;
+    let panels = w.n.div_ceil(64);
+    assert!(
+        w.data.len() >= panels * w.panel_bytes,
+        "run_gemm: panels too short"
+    );
+    let abase = a as usize;
+    let mut c0 = 0;
+    while c0 < m {
+        let mc = chunk.min(m - c0);
+        (0..panels)
+            .into_par_iter()
+            .for_each_init(Scratch::new, |scratch, p| {
+                crate::background::yield_point();
+                let panel = &w.data[p * w.panel_bytes..(p + 1) * w.panel_bytes];
+                let next = if p + 1 < panels {
+                    let np = &w.data[(p + 1) * w.panel_bytes..(p + 2) * w.panel_bytes];
+                    &np[..np.len().min(NEXT_PANEL_BYTES)]
+                } else {
+                    &[]
+                };
+                let chunk_rows = TileRows {
+                    a: (abase as *const u8).wrapping_add(c0 * lda),
+                    lda,
+                    m: mc,
+                };
+                // SAFETY: the chunk's rows are rows c0.. of the caller's rows, whose padding to whole
+                // blocks covers the chunk's (c0 is a multiple of 32); the unit exists (the caller's
+                // contract).
+                unsafe {
+                    run_panel::<U>(
+                        product,
+                        chunk_rows,
+                        panel,
+                        (w.n - p * 64).min(64),
+                        scratch,
+                        next,
+                        |r0, rows, res| out(p, c0 + r0, rows, res),
+                    )
+                };
+            });
+        c0 += mc;
+    }
+}
+
 /// The product of all activation rows with one 64-output panel: for each 32-row block, both half panels
 /// over every input step, then `out(r0, rows, results)` with the block's first row, its number of real
 /// rows (`min(32, m − r0)`) and its results, 64 per row (f32 bits for [`Product::Bf16`], i32 for
-/// [`Product::Int8`]; columns past `ncols` are not computed).
+/// [`Product::Int8`]; columns past `ncols` are not computed). `next` (the weights that follow) is asked
+/// into L2 a share per block.
 ///
 /// # Safety
-/// [`available`] returned true; `rows.a` addresses `rows.m.div_ceil(32) · 32` rows `rows.lda` bytes
+/// `U` exists on this CPU; `rows.a` addresses `rows.m.div_ceil(32) · 32` rows `rows.lda` bytes
 /// apart, each with `depth.div_ceil(16) · 64` readable bytes (zeros past the inputs), where
 /// `depth = panel.len() / 256`.
-pub(crate) unsafe fn run_panel(
+pub(crate) unsafe fn run_panel<U: TileUnit>(
     product: Product,
     rows: TileRows,
     panel: &[u8],
     ncols: usize,
     scratch: &mut Scratch,
+    next: &[u8],
     mut out: impl FnMut(usize, usize, &[i32]),
 ) {
     let TileRows { a, lda, m } = rows;
@@ -243,10 +381,12 @@ pub(crate) unsafe fn run_panel(
         tail_copy(&panel[(depth - tail) * PANEL_ROW..], t);
         scratch.tail.as_ptr()
     });
-    // SAFETY: AMX granted (the caller's contract).
-    let _tiles = unsafe { Tiles::configure() };
+    let blocks = m.div_ceil(ROWS);
+    // SAFETY: the unit exists (the caller's contract).
+    let _tiles = unsafe { U::configure() };
     let mut r0 = 0;
     while r0 < m {
+        super::gemm::prefetch_share(next, r0 / ROWS, blocks);
         for h in 0..2 {
             if h * 32 >= ncols {
                 break;
@@ -255,7 +395,7 @@ pub(crate) unsafe fn run_panel(
             // panel holds `depth` rows of 256 bytes and a partial last step reads the padded copy; the
             // block writes 32 rows of 32 values into the result buffer (256-byte rows).
             unsafe {
-                block(
+                U::block(
                     product,
                     Block {
                         a: a.add(r0 * lda),
@@ -381,15 +521,84 @@ mod tests {
         (*seed >> 33) as u32
     }
 
-    /// One block straight from the assembly: 32 rows × 32 outputs over 2 full steps and a partial third
-    /// (read from the zero-padded tail copy), against plain arithmetic. Small integers in bf16 and int8, so
-    /// every sum is exact and the comparison is bit for bit.
+    /// The tile block's contract in plain arithmetic (f32 sums in the block's order for bf16), so the
+    /// drivers are tested on CPUs without tiles; [`a_tile_block_is_the_plain_product`] holds it to the
+    /// same test as the assembly.
+    pub(crate) struct Emulated;
+
+    impl TileUnit for Emulated {
+        type Guard = ();
+        unsafe fn configure() {}
+        unsafe fn block(product: Product, blk: Block) {
+            let Block {
+                a,
+                lda,
+                b,
+                b_tail,
+                steps,
+                c,
+                ldc,
+            } = blk;
+            let bf16 = |p: *const u8| {
+                // SAFETY: the caller's extents (two readable bytes).
+                let v = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
+                f32::from_bits((v as u32) << 16)
+            };
+            // SAFETY: the extents of `block`'s contract: A 32 rows of `steps · 64` bytes, B `steps · 16`
+            // rows of 256 bytes (the last step from the tail copy), C 32 rows of 32 values.
+            unsafe {
+                for r in 0..ROWS {
+                    for j in 0..32 {
+                        let (mut si, mut sf) = (0i32, 0f32);
+                        for s in 0..steps {
+                            let bs = match b_tail {
+                                Some(t) if s + 1 == steps => t,
+                                _ => b.add(s * STEP * PANEL_ROW),
+                            };
+                            for q in 0..STEP {
+                                let ap = a.add(r * lda + s * 64 + q * 4);
+                                let bp = bs.add(q * PANEL_ROW + j * 4);
+                                match product {
+                                    Product::Int8 => {
+                                        for l in 0..4 {
+                                            si += *ap.add(l) as i8 as i32 * *bp.add(l) as i8 as i32;
+                                        }
+                                    }
+                                    Product::Bf16 => {
+                                        for l in 0..2 {
+                                            sf += bf16(ap.add(2 * l)) * bf16(bp.add(2 * l));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        let bits = match product {
+                            Product::Int8 => si as u32,
+                            Product::Bf16 => sf.to_bits(),
+                        };
+                        (c.add(r * ldc + j * 4) as *mut u32).write_unaligned(bits);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One block straight from the assembly (and from the stand-in): 32 rows × 32 outputs over 2 full
+    /// steps and a partial third (read from the zero-padded tail copy), against plain arithmetic. Small
+    /// integers in bf16 and int8, so every sum is exact and the comparison is bit for bit.
     #[test]
     fn a_tile_block_is_the_plain_product() {
+        block_is_the_plain_product::<Emulated>();
         if !available() {
-            println!("skipped: this CPU (or OS) has no AMX tiles; the tile kernels were not run");
+            println!(
+                "skipped (the assembly): this CPU (or OS) has no AMX tiles; only the stand-in ran"
+            );
             return;
         }
+        block_is_the_plain_product::<Amx>();
+    }
+
+    fn block_is_the_plain_product<U: TileUnit>() {
         let (steps, tail) = (3usize, 5usize);
         let depth = (steps - 1) * STEP + tail; // pair (or quad) rows of the panel
         for product in [Product::Bf16, Product::Int8] {
@@ -429,8 +638,8 @@ mod tests {
                 // SAFETY: AMX checked; A has 32 rows of `steps · 64` bytes, the panel `depth` rows
                 // (the last step reads the tail copy), C 32 rows of 128 bytes.
                 unsafe {
-                    let _tiles = Tiles::configure();
-                    block(
+                    let _tiles = U::configure();
+                    U::block(
                         product,
                         Block {
                             a: a.as_ptr(),
@@ -460,6 +669,144 @@ mod tests {
                         assert_eq!(got, want, "{product:?} row {r} column {col}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Small values of `product`'s element at `e` of `buf`: a bf16 pair element or a byte.
+    fn put(product: Product, buf: &mut [u8], e: usize, v: i32) {
+        match product {
+            Product::Bf16 => buf[2 * e..2 * e + 2]
+                .copy_from_slice(&crate::kernels::bf16_bits(v as f32).to_le_bytes()),
+            Product::Int8 => buf[e] = v as i8 as u8,
+        }
+    }
+
+    /// The whole driver (row chunks, panels on threads, partial last panel, half panels past the
+    /// outputs, partial last step, rows padded to blocks) on the stand-in unit, against the plain product
+    /// — on every CPU; and on the tiles where they exist. Every output is delivered exactly once.
+    #[test]
+    fn a_tile_gemm_in_chunks_is_the_plain_product() {
+        use std::sync::Mutex;
+        // (m, depth in pairs or quads, n, rows per chunk)
+        let shapes = [
+            (1usize, 5usize, 3usize, 32usize),
+            (33, 16, 64, 1_000),
+            (70, 37, 100, 32),
+            (100, 48, 130, 64),
+            (200, 20, 64, 96),
+            (31, 33, 200, 32),
+        ];
+        let units: &[(&str, bool)] = &[("stand-in", true), ("tiles", available())];
+        for &(unit, present) in units {
+            if !present {
+                println!(
+                    "skipped (the assembly): this CPU (or OS) has no AMX tiles; only the stand-in ran"
+                );
+                continue;
+            }
+            for product in [Product::Bf16, Product::Int8] {
+                let lanes = if product == Product::Bf16 { 2 } else { 4 };
+                for &(m, depth, n, chunk) in &shapes {
+                    let mut seed = (m * 31 + depth * 7 + n) as u64;
+                    let val = |seed: &mut u64| (lcg(seed) % 9) as i32 - 4;
+                    let steps = depth.div_ceil(STEP);
+                    let lda = steps * 64 + 64;
+                    let mut a = vec![0u8; m.div_ceil(ROWS) * ROWS * lda];
+                    let mut av = vec![0i32; m * depth * lanes];
+                    for r in 0..m {
+                        for e in 0..depth * lanes {
+                            let v = val(&mut seed);
+                            av[r * depth * lanes + e] = v;
+                            put(product, &mut a[r * lda..], e, v);
+                        }
+                    }
+                    let panels = n.div_ceil(64);
+                    let panel_bytes = depth * PANEL_ROW;
+                    let mut wdata = vec![0u8; panels * panel_bytes];
+                    let mut wv = vec![0i32; n * depth * lanes];
+                    for j in 0..n {
+                        for d in 0..depth {
+                            for l in 0..lanes {
+                                let v = val(&mut seed);
+                                wv[(j * depth + d) * lanes + l] = v;
+                                let (p, col) = (j / 64, j % 64);
+                                let e = (d * 64 + col) * lanes + l;
+                                put(product, &mut wdata[p * panel_bytes..], e, v);
+                            }
+                        }
+                    }
+                    let got = Mutex::new((vec![0i32; m * n], vec![0u8; m * n]));
+                    let out = |p: usize, r0: usize, rows: usize, res: &[i32]| {
+                        let mut g = got.lock().unwrap();
+                        for r in 0..rows {
+                            for col in 0..(n - p * 64).min(64) {
+                                let (i, j) = (r0 + r, p * 64 + col);
+                                let v = match product {
+                                    Product::Bf16 => {
+                                        f32::from_bits(res[r * 64 + col] as u32) as i32
+                                    }
+                                    Product::Int8 => res[r * 64 + col],
+                                };
+                                g.0[i * n + j] = v;
+                                g.1[i * n + j] += 1;
+                            }
+                        }
+                    };
+                    let rows = TileRows {
+                        a: a.as_ptr(),
+                        lda,
+                        m,
+                    };
+                    let w = Panels {
+                        data: &wdata,
+                        panel_bytes,
+                        n,
+                    };
+                    // SAFETY: rows padded to whole blocks with `steps · 64` bytes each (zeros past the
+                    // inputs); the unit is present (checked above).
+                    unsafe {
+                        if unit == "tiles" {
+                            run_gemm::<Amx>(product, rows, w, chunk, out)
+                        } else {
+                            run_gemm::<Emulated>(product, rows, w, chunk, out)
+                        }
+                    };
+                    let (got, seen) = got.into_inner().unwrap();
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: i32 = (0..depth * lanes)
+                                .map(|e| av[i * depth * lanes + e] * wv[j * depth * lanes + e])
+                                .sum();
+                            let at = (unit, product, m, depth, n, chunk, i, j);
+                            assert_eq!(seen[i * n + j], 1, "{at:?} delivered once");
+                            assert_eq!(got[i * n + j], want, "{at:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Chunks are whole 32-row blocks inside the L2 budget, and rows too wide for three blocks stay
+    /// whole (the 4B's shapes: 2,560 and 9,216 inputs).
+    #[test]
+    fn chunks_are_whole_blocks_that_fit_the_budget() {
+        let int8 = |k: usize| k + 64;
+        let bf16 = |k: usize| (k / 2 + 16) * 4;
+        assert_eq!(chunk_rows(int8(2560), 1518), 384);
+        assert_eq!(chunk_rows(bf16(2560), 1518), 192);
+        assert_eq!(chunk_rows(int8(9216), 1518), 96);
+        assert_eq!(chunk_rows(bf16(9216), 1518), 1518);
+        for lda in [64usize, 1_000, 2_624, 5_184, 9_280, 12_000, 18_496, 100_000] {
+            let c = chunk_rows(lda, 5_000);
+            if c != 5_000 {
+                assert!(
+                    c.is_multiple_of(ROWS) && c >= 3 * ROWS && c * lda <= A_CHUNK_BYTES,
+                    "{lda}: {c}"
+                );
+            } else {
+                assert!(3 * ROWS * lda > A_CHUNK_BYTES, "{lda}");
             }
         }
     }

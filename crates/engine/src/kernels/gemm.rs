@@ -419,8 +419,9 @@ fn gemm_bf16_hw(kern: Kernels, a: Rows<'_>, w: &PackedMatrix, c: RowsMut<'_>, ab
 }
 
 /// The bf16 arm on AMX tiles: activations rounded to bf16 pairs as for `vdpbf16ps`, in rows padded with
-/// zeros to whole tile blocks (32 rows, 16 pairs), then per panel and per 32-row block two half-panel
-/// tile products over all inputs (see [`super::amx`]), stored to a small buffer and copied into C.
+/// zeros to whole tile blocks (32 rows, 16 pairs), then in chunks of rows that stay in L2, per panel and
+/// per 32-row block two half-panel tile products over all inputs ([`super::amx::run_gemm`]), stored to a
+/// small buffer and copied into C.
 #[cfg(target_arch = "x86_64")]
 fn gemm_bf16_amx(
     kern: Kernels,
@@ -429,7 +430,7 @@ fn gemm_bf16_amx(
     c: RowsMut<'_>,
     abuf: &mut Vec<u32>,
 ) {
-    use super::amx::{self, Product, ROWS, STEP, Scratch, TileRows};
+    use super::amx::{self, Product, ROWS, STEP, TileRows};
     let Rows {
         m,
         data: a,
@@ -453,42 +454,40 @@ fn gemm_bf16_amx(
             round_pairs(kern, &a[i * lda..i * lda + k], &mut row[..kp]);
         });
     let cp = SendPtr(c.as_mut_ptr());
-    let abase = abuf.as_ptr() as usize;
-    let panel_bytes = kp * NR * 2 * 2;
-    (0..w.panels())
-        .into_par_iter()
-        .for_each_init(Scratch::new, |scratch, p| {
-            crate::background::yield_point();
-            let ncols = (n - p * NR).min(NR);
-            let panel = &as_bytes(&d[..])[p * panel_bytes..(p + 1) * panel_bytes];
-            let copy = |r0: usize, rows: usize, res: &[i32]| {
-                for r in 0..rows {
-                    // SAFETY: panel `p` owns columns p·NR..p·NR+ncols of every row; rows < m.
-                    let crow = unsafe {
-                        std::slice::from_raw_parts_mut(cp.get().add((r0 + r) * ldc + p * NR), ncols)
-                    };
-                    for (x, v) in crow.iter_mut().zip(&res[r * NR..r * NR + ncols]) {
-                        *x = f32::from_bits(*v as u32);
-                    }
-                }
+    let copy = |p: usize, r0: usize, rows: usize, res: &[i32]| {
+        let ncols = (n - p * NR).min(NR);
+        for r in 0..rows {
+            // SAFETY: panel `p` owns columns p·NR..p·NR+ncols of every row, and each (panel, row block)
+            // is written once; rows < m.
+            let crow = unsafe {
+                std::slice::from_raw_parts_mut(cp.get().add((r0 + r) * ldc + p * NR), ncols)
             };
-            // SAFETY: `Kernels::amx` is only true where `amx::available()` said so; the rounded rows are
-            // padded with zeros to whole 32-row blocks and 16-pair steps (`mpad`, `lpa`).
-            unsafe {
-                amx::run_panel(
-                    Product::Bf16,
-                    TileRows {
-                        a: abase as *const u8,
-                        lda: lpa * 4,
-                        m,
-                    },
-                    panel,
-                    ncols,
-                    scratch,
-                    copy,
-                )
-            };
-        });
+            for (x, v) in crow.iter_mut().zip(&res[r * NR..r * NR + ncols]) {
+                *x = f32::from_bits(*v as u32);
+            }
+        }
+    };
+    let lda = lpa * 4;
+    // SAFETY: `Kernels::amx` is only true where `amx::available()` said so; the rounded rows are padded
+    // with zeros to whole 32-row blocks and 16-pair steps (`mpad`, `lpa`); the panels are `kp · NR`
+    // pairs each.
+    unsafe {
+        amx::run_gemm::<amx::Amx>(
+            Product::Bf16,
+            TileRows {
+                a: abuf.as_ptr() as *const u8,
+                lda,
+                m,
+            },
+            amx::Panels {
+                data: as_bytes(&d[..]),
+                panel_bytes: kp * NR * 2 * 2,
+                n,
+            },
+            amx::chunk_rows(lda, m),
+            copy,
+        )
+    };
 }
 
 /// The bytes of a slice, for prefetch hints.

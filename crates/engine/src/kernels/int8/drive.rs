@@ -647,9 +647,10 @@ impl Kernel for DequantRows<'_> {
     }
 }
 
-/// The int8 arm on AMX tiles: per panel and per 32-row block, two half-panel `tdpbssd` products over all
-/// inputs (the quantised rows are padded with zero bytes to whole blocks and steps), then the same
-/// dequantisation as every other path. Signed activations, so no zero-point correction.
+/// The int8 arm on AMX tiles ([`amx::run_gemm`](super::super::amx::run_gemm): rows in chunks that stay in
+/// L2, per panel and 32-row block two half-panel `tdpbssd` products over all inputs; the quantised rows
+/// are padded with zero bytes to whole blocks and steps), then the same dequantisation as every other
+/// path. Signed activations, so no zero-point correction.
 #[cfg(target_arch = "x86_64")]
 fn run_panels_amx(
     kern: Kernels,
@@ -658,48 +659,43 @@ fn run_panels_amx(
     c: &mut [f32],
     ldc: usize,
 ) {
-    use super::super::amx::{self, Product, Scratch, TileRows};
+    use super::super::amx::{self, Product, TileRows};
     let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
-    let (n, kg) = (w.n, w.kg);
     let cp = SendPtr(c.as_mut_ptr());
-    let panel_bytes = kg * NR * G;
-    let wbytes = w.data.as_ptr() as usize;
-    (0..n.div_ceil(NR))
-        .into_par_iter()
-        .for_each_init(Scratch::new, |scratch, p| {
-            crate::background::yield_point();
-            // SAFETY: the packed data holds whole panels of `kg · NR · G` bytes.
-            let panel = unsafe {
-                std::slice::from_raw_parts((wbytes as *const u8).add(p * panel_bytes), panel_bytes)
-            };
-            let out = Dequant {
-                kern,
-                w,
-                p,
-                scale: sa,
-                shift: false,
-                lanes: 1,
-                cols: NR,
-                c: cp,
-                ldc,
-            };
-            // SAFETY: `Path::Amx` is only chosen where `amx::available()` said so; the quantised rows
-            // are padded with zero bytes to whole 32-row blocks and 64-input steps (`gemm_int8_on`).
-            unsafe {
-                amx::run_panel(
-                    Product::Int8,
-                    TileRows {
-                        a: qa.as_ptr(),
-                        lda: lq,
-                        m,
-                    },
-                    panel,
-                    (n - p * NR).min(NR),
-                    scratch,
-                    |r0, rows, acc| out.rows(acc, r0..r0 + rows),
-                )
-            };
-        });
+    let out = |p: usize, r0: usize, rows: usize, acc: &[i32]| {
+        Dequant {
+            kern,
+            w,
+            p,
+            scale: sa,
+            shift: false,
+            lanes: 1,
+            cols: NR,
+            c: cp,
+            ldc,
+        }
+        .rows(acc, r0..r0 + rows)
+    };
+    // SAFETY: `Path::Amx` is only chosen where `amx::available()` said so; the quantised rows are padded
+    // with zero bytes to whole 32-row blocks and 64-input steps (`gemm_int8_on`); the packed data holds
+    // whole panels of `kg · NR · G` bytes.
+    unsafe {
+        amx::run_gemm::<amx::Amx>(
+            Product::Int8,
+            TileRows {
+                a: qa.as_ptr(),
+                lda: lq,
+                m,
+            },
+            amx::Panels {
+                data: as_bytes(&w.data[..]),
+                panel_bytes: w.kg * NR * G,
+                n: w.n,
+            },
+            amx::chunk_rows(lq, m),
+            out,
+        )
+    };
 }
 
 /// `acc[r][0..NR] (+)= Σ_{g < kg} Σ_t a[g][r][t] · b[g][j][t]` for `r < rows`: `a` six rows interleaved
