@@ -22,7 +22,7 @@
 //! increasing order, accumulated inside its tile, and depends only on its row of A: rows are padded to
 //! blocks of 32 with zeros, so neither `m` nor a row's place in its block changes a bit.
 //!
-//! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunk_rows`]), and for each chunk the
+//! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunks`]), and for each chunk the
 //! threads take panels; a panel runs each 32-row block of the chunk and asks the start of the next panel
 //! into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
 //! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
@@ -261,17 +261,27 @@ impl TileUnit for Amx {
 /// rest for the panel in use and the next one arriving.
 const A_CHUNK_BYTES: usize = 1 << 20;
 
-/// Rows per chunk for activation rows `lda` bytes apart: as many whole 32-row blocks as fit
-/// [`A_CHUNK_BYTES`], or all `m` rows where fewer than three blocks fit.
+/// Chunks for `m` activation rows `lda` bytes apart: as few as keep each within [`A_CHUNK_BYTES`] (whole
+/// 32-row blocks, spread evenly by [`run_gemm`]); one where the rows fit half again that (L2 still holds
+/// them: a second chunk would read every weight twice for a few rows) or fewer than three blocks fit.
 ///
 /// Why: without chunks each panel streams all the rows again, and at a long row the rows outgrow L2:
 /// at 1,518 tokens and 2,560 inputs that is 3.9 MB (int8) or 7.8 MB (bf16) from L3 per 64 outputs, about
 /// 170 GB per bf16 forward of the 4B, where the tiles need a few tens of microseconds per panel. With
 /// chunks the rows come from L2 and the weights are read once per chunk instead, `64 / rows` of that
 /// traffic; below three blocks that ratio is no gain, so the rows stay whole.
-pub(crate) fn chunk_rows(lda: usize, m: usize) -> usize {
-    let rows = A_CHUNK_BYTES / lda.max(1) / ROWS * ROWS;
-    if rows < 3 * ROWS { m.max(1) } else { rows }
+pub(crate) fn chunks(lda: usize, m: usize) -> usize {
+    let most = A_CHUNK_BYTES / lda.max(1) / ROWS;
+    let blocks = m.div_ceil(ROWS);
+    if most < 3 || 2 * blocks <= 3 * most {
+        return 1;
+    }
+    blocks.div_ceil(most)
+}
+
+/// Where chunk `i` of `chunks` starts: block boundaries spread evenly (sizes differ by one block at most).
+fn chunk_start(i: usize, chunks: usize, m: usize) -> usize {
+    (i * m.div_ceil(ROWS) / chunks * ROWS).min(m)
 }
 
 /// The weights of a tile GEMM: `n` outputs in panels of 64, `panel_bytes` each, in the layout the B
@@ -287,7 +297,7 @@ pub(crate) struct Panels<'a> {
 /// streamer has not yet found when the panel starts; the rest it streams.
 const NEXT_PANEL_BYTES: usize = 256 << 10;
 
-/// `C = A · Wᵀ` on tiles: rows in chunks of `chunk` (a multiple of 32, see [`chunk_rows`]); for each chunk
+/// `C = A · Wᵀ` on tiles: rows in `chunks` even chunks of whole blocks (see [`chunks`]); for each chunk
 /// the threads take panels, and each panel runs every 32-row block of the chunk ([`run_panel`]), then
 /// `out(p, r0, rows, results)` with the panel, the block's first row (of all `m`), its number of real rows
 /// and its results (64 per row, as [`run_panel`] gives them).
@@ -301,14 +311,10 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
     product: Product,
     rows: TileRows,
     w: Panels<'_>,
-    chunk: usize,
+    chunks: usize,
     out: impl Fn(usize, usize, usize, &[i32]) + Sync,
 ) {
     use rayon::prelude::*;
-    assert!(
-        chunk > 0 && chunk.is_multiple_of(ROWS) || chunk >= rows.m,
-        "chunk of whole blocks"
-    );
     let TileRows { a, lda, m } = rows;
     let panels = w.n.div_ceil(64);
     assert!(
@@ -316,9 +322,13 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
         "run_gemm: panels too short"
     );
     let abase = a as usize;
-    let mut c0 = 0;
-    while c0 < m {
-        let mc = chunk.min(m - c0);
+    let chunks = chunks.max(1);
+    for ci in 0..chunks {
+        let (c0, c1) = (chunk_start(ci, chunks, m), chunk_start(ci + 1, chunks, m));
+        if c0 == c1 {
+            continue;
+        }
+        let mc = c1 - c0;
         (0..panels)
             .into_par_iter()
             .for_each_init(Scratch::new, |scratch, p| {
@@ -350,7 +360,6 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
                     )
                 };
             });
-        c0 += mc;
     }
 }
 
@@ -688,14 +697,15 @@ mod tests {
     #[test]
     fn a_tile_gemm_in_chunks_is_the_plain_product() {
         use std::sync::Mutex;
-        // (m, depth in pairs or quads, n, rows per chunk)
+        // (m, depth in pairs or quads, n, chunks)
         let shapes = [
-            (1usize, 5usize, 3usize, 32usize),
-            (33, 16, 64, 1_000),
-            (70, 37, 100, 32),
-            (100, 48, 130, 64),
-            (200, 20, 64, 96),
-            (31, 33, 200, 32),
+            (1usize, 5usize, 3usize, 1usize),
+            (33, 16, 64, 1),
+            (70, 37, 100, 3),
+            (100, 48, 130, 2),
+            (200, 20, 64, 3),
+            (200, 9, 70, 7),
+            (31, 33, 200, 1),
         ];
         let units: &[(&str, bool)] = &[("stand-in", true), ("tiles", available())];
         for &(unit, present) in units {
@@ -788,25 +798,40 @@ mod tests {
         }
     }
 
-    /// Chunks are whole 32-row blocks inside the L2 budget, and rows too wide for three blocks stay
-    /// whole (the 4B's shapes: 2,560 and 9,216 inputs).
+    /// Chunks are whole 32-row blocks inside the L2 budget and even (sizes one block apart at most);
+    /// rows that fit half again the budget, or too wide for three blocks, stay whole (the 4B's shapes:
+    /// 2,560 and 9,216 inputs).
     #[test]
-    fn chunks_are_whole_blocks_that_fit_the_budget() {
+    fn chunks_are_whole_even_blocks_that_fit_the_budget() {
         let int8 = |k: usize| k + 64;
         let bf16 = |k: usize| (k / 2 + 16) * 4;
-        assert_eq!(chunk_rows(int8(2560), 1518), 384);
-        assert_eq!(chunk_rows(bf16(2560), 1518), 192);
-        assert_eq!(chunk_rows(int8(9216), 1518), 96);
-        assert_eq!(chunk_rows(bf16(9216), 1518), 1518);
+        assert_eq!(chunks(int8(2560), 1518), 4);
+        assert_eq!(chunks(bf16(2560), 1518), 8);
+        assert_eq!(chunks(int8(9216), 1518), 16);
+        assert_eq!(chunks(bf16(9216), 1518), 1);
+        assert_eq!(chunks(int8(2560), 380), 1);
+        assert_eq!(chunks(int8(2560), 600), 2);
         for lda in [64usize, 1_000, 2_624, 5_184, 9_280, 12_000, 18_496, 100_000] {
-            let c = chunk_rows(lda, 5_000);
-            if c != 5_000 {
-                assert!(
-                    c.is_multiple_of(ROWS) && c >= 3 * ROWS && c * lda <= A_CHUNK_BYTES,
-                    "{lda}: {c}"
-                );
-            } else {
-                assert!(3 * ROWS * lda > A_CHUNK_BYTES, "{lda}");
+            for m in [1usize, 31, 100, 380, 600, 1_518, 5_000] {
+                let n = chunks(lda, m);
+                let padded = m.div_ceil(ROWS) * ROWS;
+                if n == 1 {
+                    let fits = 2 * padded * lda <= 3 * A_CHUNK_BYTES;
+                    assert!(fits || 3 * ROWS * lda > A_CHUNK_BYTES, "{lda} {m}");
+                    continue;
+                }
+                let sizes: Vec<usize> = (0..n)
+                    .map(|i| chunk_start(i + 1, n, m) - chunk_start(i, n, m))
+                    .collect();
+                assert_eq!(sizes.iter().sum::<usize>(), m);
+                let blocks: Vec<usize> = sizes.iter().map(|r| r.div_ceil(ROWS)).collect();
+                let (lo, hi) = (blocks.iter().min().unwrap(), blocks.iter().max().unwrap());
+                assert!(hi - lo <= 1 && *lo >= 1, "{lda} {m}: {sizes:?}");
+                for (i, r) in sizes.iter().enumerate() {
+                    assert!(chunk_start(i, n, m).is_multiple_of(ROWS));
+                    let bytes = r.div_ceil(ROWS) * ROWS * lda;
+                    assert!(bytes <= A_CHUNK_BYTES, "{lda} {m}: {sizes:?}");
+                }
             }
         }
     }

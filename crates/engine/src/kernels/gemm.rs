@@ -484,7 +484,7 @@ fn gemm_bf16_amx(
                 panel_bytes: kp * NR * 2 * 2,
                 n,
             },
-            amx::chunk_rows(lda, m),
+            amx::chunks(lda, m),
             copy,
         )
     };

@@ -692,7 +692,7 @@ fn run_panels_amx(
                 panel_bytes: w.kg * NR * G,
                 n: w.n,
             },
-            amx::chunk_rows(lq, m),
+            amx::chunks(lq, m),
             out,
         )
     };
