@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, Quant, TorchDtype};
 use super::{
-    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, median, peer_caps,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Rss, median, peer_caps,
     peer_env, print_bars, rss_gib, secs, speedup, times, write_json,
 };
 
@@ -216,7 +216,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     };
     let mut model = Arc::new(loaded.with_context(|| format!("loading {}", dir.display()))?);
     let load_s = t.elapsed().as_secs_f64();
-    let rss_after_load = rss_gib("VmRSS");
+    let rss_after_load = rss_gib(Rss::Now);
     eprintln!(
         "loaded {} in {load_s:.1} s ({:.2} GiB of weights, RSS {:.2} GiB); measuring the machine peak",
         dir.display(),
@@ -299,7 +299,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
                     gflop,
                     gflops,
                     peak_share,
-                    peak_rss_gib: rss_gib("VmHWM"),
+                    peak_rss_gib: rss_gib(Rss::Peak),
                 });
             }
         }
@@ -309,7 +309,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     let weights = if model.has_lora() { "exact" } else { "merged" };
     let weight_gib = model.weight_bytes() as f64 / GIB;
     drop(model);
-    let rss_before_peers = rss_gib("VmRSS");
+    let rss_before_peers = rss_gib(Rss::Now);
 
     let mut peers_done = Vec::new();
     let mut missing = Vec::new();

@@ -30,7 +30,7 @@ use serde::Serialize;
 use super::peers::{self, DecideRun, TorchDtype};
 use super::requests::{self, CaseRequest, Shape};
 use super::{
-    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Summary, peer_env,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Rss, Summary, peer_env,
     print_bars, reset_peak_rss, rss_gib, secs, speedup, times, write_json,
 };
 
@@ -419,7 +419,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         loaded.describe,
         loaded.load_s,
         loaded.backbone.weight_bytes() as f64 / GIB,
-        rss_gib("VmRSS").unwrap_or(f64::NAN),
+        rss_gib(Rss::Now).unwrap_or(f64::NAN),
         loaded.head_from.display()
     );
     let tok = KevTokenizer::from_file(&loaded.tokenizer)
@@ -470,7 +470,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         loaded.load_s,
     );
     drop(loaded);
-    let rss_before_peers = rss_gib("VmRSS");
+    let rss_before_peers = rss_gib(Rss::Now);
 
     let mut missing = Vec::new();
     let torch_cases: Vec<&Selected> = selected.iter().filter(|s| s.def.torch).collect();
@@ -622,7 +622,7 @@ fn time_case(
         passes_per_request: (after.passes - before.passes) as f64 / reps as f64,
         cache_hits: hits,
         cache_misses: misses,
-        peak_rss_gib: rss_gib("VmHWM"),
+        peak_rss_gib: rss_gib(Rss::Peak),
         probabilities,
     })
 }

@@ -361,12 +361,20 @@ fn print_bars(bars: &[Bar]) {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// A `/proc/self/status` memory line (`VmRSS`, `VmHWM`) in GiB, where the platform has one.
-fn rss_gib(field: &str) -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with(field))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024.0 / GIB)
+/// This process's resident (`Rss`) or peak resident (`Peak`) memory in GiB, where the platform counts it.
+fn rss_gib(which: Rss) -> Option<f64> {
+    let bytes = match which {
+        Rss::Now => kev_engine::memory::resident_bytes(),
+        Rss::Peak => kev_engine::memory::peak_resident_bytes(),
+    }?;
+    Some(bytes as f64 / GIB)
+}
+
+/// Which resident-memory figure [`rss_gib`] reads.
+#[derive(Debug, Clone, Copy)]
+enum Rss {
+    Now,
+    Peak,
 }
 
 /// Reset this process's peak RSS (`VmHWM`) to its current RSS (Linux: `5` into `/proc/self/clear_refs`), so the

@@ -211,19 +211,9 @@ impl ModelInfo {
 /// int8 4B (3.6 GiB resident) that is ~0.5 GiB, where an eighth of all memory (1 GiB) took the server
 /// past 5 GiB at its peak.
 pub fn default_cache_bytes() -> usize {
-    fn kib(file: &str, key: &str) -> Option<usize> {
-        std::fs::read_to_string(file).ok().and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<usize>().ok())
-        })
-    }
-    match (
-        kib("/proc/meminfo", "MemTotal:"),
-        kib("/proc/self/status", "VmRSS:"),
-    ) {
-        (Some(total), Some(held)) => cache_budget(total * 1024, held * 1024),
+    use kev_engine::memory::{resident_bytes, total_memory};
+    match (total_memory(), resident_bytes()) {
+        (Some(total), Some(held)) => cache_budget(total as usize, held as usize),
         _ => 512 << 20,
     }
 }

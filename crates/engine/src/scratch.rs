@@ -124,7 +124,7 @@ impl WorkspacePool {
             true
         } else {
             drop(ws);
-            release_free_heap();
+            crate::memory::release_free_heap();
             false
         }
     }
@@ -169,18 +169,6 @@ impl Workspace {
             .map(|(k, v)| 4 * (k.len() + v.len()))
             .sum();
         own + self.gdn.bytes() + 4 * self.attn.q.len() + kv
-    }
-}
-
-/// Give the C heap's free pages back to the system. Freed blocks below glibc's mapping threshold (a
-/// state's 2 MiB buffers, a long row's key/value segments, a loader's temporaries) otherwise stay
-/// resident in its arenas for good: after loading the 4B that was ~290 MB, after a 2,000-token request
-/// hundreds more. Costs milliseconds; called after loading and after long passes, not per short call.
-pub fn release_free_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only returns free memory to the system; it is thread-safe in glibc.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

@@ -287,18 +287,10 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     resp
 }
 
-/// The process's resident and peak resident bytes (`VmRSS`, `VmHWM` of /proc/self/status; Linux only).
+/// The process's resident and peak resident bytes (Linux only).
 fn process_memory() -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
+    use kev_engine::memory;
+    Some((memory::resident_bytes()?, memory::peak_resident_bytes()?))
 }
 
 /// The model names the server answers to

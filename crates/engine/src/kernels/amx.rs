@@ -539,15 +539,7 @@ mod tests {
         type Guard = ();
         unsafe fn configure() {}
         unsafe fn block(product: Product, blk: Block) {
-            let Block {
-                a,
-                lda,
-                b,
-                b_tail,
-                steps,
-                c,
-                ldc,
-            } = blk;
+            let (a, lda, c, ldc) = (blk.a, blk.lda, blk.c, blk.ldc);
             let bf16 = |p: *const u8| {
                 // SAFETY: the caller's extents (two readable bytes).
                 let v = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
@@ -559,10 +551,10 @@ mod tests {
                 for r in 0..ROWS {
                     for j in 0..32 {
                         let (mut si, mut sf) = (0i32, 0f32);
-                        for s in 0..steps {
-                            let bs = match b_tail {
-                                Some(t) if s + 1 == steps => t,
-                                _ => b.add(s * STEP * PANEL_ROW),
+                        for s in 0..blk.steps {
+                            let bs = match blk.b_tail {
+                                Some(t) if s + 1 == blk.steps => t,
+                                _ => blk.b.add(s * STEP * PANEL_ROW),
                             };
                             for q in 0..STEP {
                                 let ap = a.add(r * lda + s * 64 + q * 4);
