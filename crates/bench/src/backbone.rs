@@ -16,13 +16,13 @@ use std::time::Instant;
 use anyhow::Context;
 use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::kernels::{Isa, peak};
-use kev_engine::{Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config};
+use kev_engine::{Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config, memory};
 use serde::Serialize;
 
 use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, Quant, TorchDtype};
 use super::{
-    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Rss, median, peer_caps,
-    peer_env, print_bars, rss_gib, secs, speedup, times, write_json,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, gib, median, peer_caps,
+    peer_env, print_bars, secs, speedup, times, write_json,
 };
 
 mod bars;
@@ -216,7 +216,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     };
     let mut model = Arc::new(loaded.with_context(|| format!("loading {}", dir.display()))?);
     let load_s = t.elapsed().as_secs_f64();
-    let rss_after_load = rss_gib(Rss::Now);
+    let rss_after_load = gib(memory::resident_bytes());
     eprintln!(
         "loaded {} in {load_s:.1} s ({:.2} GiB of weights, RSS {:.2} GiB); measuring the machine peak",
         dir.display(),
@@ -299,7 +299,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
                     gflop,
                     gflops,
                     peak_share,
-                    peak_rss_gib: rss_gib(Rss::Peak),
+                    peak_rss_gib: gib(memory::peak_resident_bytes()),
                 });
             }
         }
@@ -309,7 +309,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     let weights = if model.has_lora() { "exact" } else { "merged" };
     let weight_gib = model.weight_bytes() as f64 / GIB;
     drop(model);
-    let rss_before_peers = rss_gib(Rss::Now);
+    let rss_before_peers = gib(memory::resident_bytes());
 
     let mut peers_done = Vec::new();
     let mut missing = Vec::new();

@@ -22,7 +22,7 @@ use anyhow::Context;
 use kev_decide::head::PointerHead;
 use kev_decide::{Kev, Settings, Source};
 use kev_engine::kernels::peak::process_cpu_seconds;
-use kev_engine::{Arm, Backbone, CpuBackend, Kernels};
+use kev_engine::{Arm, Backbone, CpuBackend, Kernels, memory};
 use kev_release::head::KevHead;
 use kev_tokenize::{KevTokenizer, Limits};
 use serde::Serialize;
@@ -30,8 +30,8 @@ use serde::Serialize;
 use super::peers::{self, DecideRun, TorchDtype};
 use super::requests::{self, CaseRequest, Shape};
 use super::{
-    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Rss, Summary, peer_env,
-    print_bars, reset_peak_rss, rss_gib, secs, speedup, times, write_json,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Summary, gib, peer_env,
+    print_bars, reset_peak_rss, secs, speedup, times, write_json,
 };
 
 /// What `kev bench decide` measures (its flags, parsed).
@@ -419,7 +419,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         loaded.describe,
         loaded.load_s,
         loaded.backbone.weight_bytes() as f64 / GIB,
-        rss_gib(Rss::Now).unwrap_or(f64::NAN),
+        gib(memory::resident_bytes()).unwrap_or(f64::NAN),
         loaded.head_from.display()
     );
     let tok = KevTokenizer::from_file(&loaded.tokenizer)
@@ -470,7 +470,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         loaded.load_s,
     );
     drop(loaded);
-    let rss_before_peers = rss_gib(Rss::Now);
+    let rss_before_peers = gib(memory::resident_bytes());
 
     let mut missing = Vec::new();
     let torch_cases: Vec<&Selected> = selected.iter().filter(|s| s.def.torch).collect();
@@ -622,7 +622,7 @@ fn time_case(
         passes_per_request: (after.passes - before.passes) as f64 / reps as f64,
         cache_hits: hits,
         cache_misses: misses,
-        peak_rss_gib: rss_gib(Rss::Peak),
+        peak_rss_gib: gib(memory::peak_resident_bytes()),
         probabilities,
     })
 }

@@ -361,20 +361,9 @@ fn print_bars(bars: &[Bar]) {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
-/// This process's resident (`Rss`) or peak resident (`Peak`) memory in GiB, where the platform counts it.
-fn rss_gib(which: Rss) -> Option<f64> {
-    let bytes = match which {
-        Rss::Now => kev_engine::memory::resident_bytes(),
-        Rss::Peak => kev_engine::memory::peak_resident_bytes(),
-    }?;
-    Some(bytes as f64 / GIB)
-}
-
-/// Which resident-memory figure [`rss_gib`] reads.
-#[derive(Debug, Clone, Copy)]
-enum Rss {
-    Now,
-    Peak,
+/// A memory figure of `kev_engine::memory` (resident, peak resident) in GiB, where the platform counts it.
+fn gib(bytes: Option<u64>) -> Option<f64> {
+    Some(bytes? as f64 / GIB)
 }
 
 /// Reset this process's peak RSS (`VmHWM`) to its current RSS (Linux: `5` into `/proc/self/clear_refs`), so the

@@ -209,13 +209,13 @@ pub(crate) struct TileRows {
 
 /// A task's buffers for [`run_panel`]: one 32-row block of results (64 per row) and the zero-padded
 /// copy of a panel's partial last step.
-pub(crate) struct Scratch {
+struct Scratch {
     out: AlignedBuf<i32>,
     tail: AlignedBuf<u8>,
 }
 
 impl Scratch {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         Scratch {
             out: AlignedBuf::zeroed(ROWS * 64),
             tail: AlignedBuf::zeroed(STEP * PANEL_ROW),
@@ -373,7 +373,7 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
 /// `U` exists on this CPU; `rows.a` addresses `rows.m.div_ceil(32) · 32` rows `rows.lda` bytes
 /// apart, each with `depth.div_ceil(16) · 64` readable bytes (zeros past the inputs), where
 /// `depth = panel.len() / 256`.
-pub(crate) unsafe fn run_panel<U: TileUnit>(
+unsafe fn run_panel<U: TileUnit>(
     product: Product,
     rows: TileRows,
     panel: &[u8],
@@ -429,7 +429,7 @@ pub(crate) unsafe fn run_panel<U: TileUnit>(
 /// The thread's tiles are configured ([`Tiles::configure`]); the pointers address the extents
 /// documented on [`Block`].
 #[inline]
-pub(crate) unsafe fn block(product: Product, blk: Block) {
+unsafe fn block(product: Product, blk: Block) {
     let Block {
         a,
         lda,
@@ -533,7 +533,7 @@ mod tests {
     /// The tile block's contract in plain arithmetic (f32 sums in the block's order for bf16), so the
     /// drivers are tested on CPUs without tiles; [`a_tile_block_is_the_plain_product`] holds it to the
     /// same test as the assembly.
-    pub(crate) struct Emulated;
+    struct Emulated;
 
     impl TileUnit for Emulated {
         type Guard = ();
@@ -609,28 +609,19 @@ mod tests {
             let mut panel = vec![0u8; depth * PANEL_ROW];
             // Values in -4..=4: bf16 bit patterns of small integers, or plain bytes.
             let val = |seed: &mut u64| (lcg(seed) % 9) as i32 - 4;
-            let bf16 = |v: i32| crate::kernels::bf16_bits(v as f32).to_le_bytes();
             let lanes = if product == Product::Bf16 { 2 } else { 4 };
             let mut av = vec![0i32; ROWS * depth * lanes];
             for r in 0..ROWS {
                 for e in 0..depth * lanes {
                     let v = val(&mut seed);
                     av[r * depth * lanes + e] = v;
-                    match product {
-                        Product::Bf16 => {
-                            a[r * lda + 2 * e..r * lda + 2 * e + 2].copy_from_slice(&bf16(v))
-                        }
-                        Product::Int8 => a[r * lda + e] = v as i8 as u8,
-                    }
+                    put(product, &mut a[r * lda..], e, v);
                 }
             }
             let mut bv = vec![0i32; depth * 64 * lanes];
             for (e, x) in bv.iter_mut().enumerate() {
                 *x = val(&mut seed);
-                match product {
-                    Product::Bf16 => panel[2 * e..2 * e + 2].copy_from_slice(&bf16(*x)),
-                    Product::Int8 => panel[e] = *x as i8 as u8,
-                }
+                put(product, &mut panel, e, *x);
             }
             let mut tbuf = [0u8; STEP * PANEL_ROW];
             tail_copy(&panel[(depth - tail) * PANEL_ROW..], &mut tbuf);
