@@ -21,6 +21,9 @@
 //!   weights); `vpmaddubsw` adds two u8 × s8 products into an i16 *with saturation*, which cannot occur
 //!   when `|q_w| ≤ 63`: a pair is at most 2 · 255 · 63 = 32,130 < 32,767. The same `128 · Σ q_w`
 //!   correction as VNNI. On 8-bit weights a pair could reach 64,770, so those stay on `vpmaddwd`.
+//! - aarch64 (`sdot`, DotProd; `smmla`, I8MM): s8 × s8 into i32, no shift and no correction. `smmla`
+//!   takes two rows' and two outputs' eight inputs at once, so its activations are stored by pairs of
+//!   input groups and each weight block is interleaved the same way into L1 before its rows run.
 //! - Portable: plain i32 multiply-adds (the reference).
 //!
 //! **Smoothing** (optional, SmoothQuant): a per-input-channel factor `f[k]` moves the range of outlier

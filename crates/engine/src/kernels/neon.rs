@@ -244,3 +244,85 @@ unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) ->
     }
     acc
 }
+
+/// The int8 arm's microkernel on the matrix-multiply extension (`smmla`, ARMv8.6 I8MM): one instruction
+/// multiplies a 2 × 8 block of activations (two rows' eight inputs) by the transpose of a 2 × 8 block of
+/// weights (two outputs' eight inputs) into a 2 × 2 block of i32 sums — twice the multiply-adds of an
+/// `sdot`, and no broadcast. Both operands come in that shape from their layouts: the activations are
+/// stored by pairs of input groups (`Path::unit_groups`) and the weight block interleaved the same way
+/// (`block_for_kernel`), so a 128-bit load is one operand. Three row pairs × eight output pairs
+/// (16 outputs) = 24 accumulators of the 32 registers, four column blocks; the sums are kept as
+/// `[4][6][16]` i32 like [`ukr_sdot`]'s (`Path::acc_cols` = 16), each accumulator's two rows split to
+/// their places when stored. All six rows' sums are loaded and stored (the buffer has room for them;
+/// rows past the group's real ones are never dequantised).
+///
+/// # Safety
+/// I8MM; `a` addresses `kg.div_ceil(2) · 6 · 8` bytes (six rows interleaved by pairs of input groups),
+/// `b` `kg.div_ceil(2) · 64 · 8` (the interleaved block), `acc` `6 · 64` i32.
+#[target_feature(enable = "neon,i8mm")]
+pub(crate) unsafe fn ukr_smmla(kg: usize, a: *const i8, b: *const i8, acc: *mut i32, load: bool) {
+    use super::int8::MR8;
+    use super::pack::NR;
+    const PAIRS: usize = MR8 / 2;
+    // SAFETY: extents as documented.
+    unsafe {
+        for jb in 0..NR / 16 {
+            let at = |r: usize, v: usize| acc.add(jb * MR8 * 16 + r * 16 + 4 * v);
+            // c[p][q]: rows 2p, 2p + 1 × outputs 2q, 2q + 1 of the column block, row-major.
+            let mut c = [[vdupq_n_s32(0); 8]; PAIRS];
+            if load {
+                for (p, pair) in c.iter_mut().enumerate() {
+                    for v in 0..4 {
+                        let r0 = vreinterpretq_s64_s32(vld1q_s32(at(2 * p, v)));
+                        let r1 = vreinterpretq_s64_s32(vld1q_s32(at(2 * p + 1, v)));
+                        pair[2 * v] = vreinterpretq_s32_s64(vzip1q_s64(r0, r1));
+                        pair[2 * v + 1] = vreinterpretq_s32_s64(vzip2q_s64(r0, r1));
+                    }
+                }
+            }
+            for u in 0..kg.div_ceil(2) {
+                let ap = a.add(u * MR8 * 8);
+                let av = [vld1q_s8(ap), vld1q_s8(ap.add(16)), vld1q_s8(ap.add(32))];
+                let bp = b.add(u * NR * 8 + jb * 16 * 8);
+                for q in 0..8 {
+                    let w = vld1q_s8(bp.add(16 * q));
+                    for (p, pair) in c.iter_mut().enumerate() {
+                        pair[q] = smmla(pair[q], av[p], w);
+                    }
+                }
+            }
+            for (p, pair) in c.iter().enumerate() {
+                for v in 0..4 {
+                    let (x, y) = (
+                        vreinterpretq_s64_s32(pair[2 * v]),
+                        vreinterpretq_s64_s32(pair[2 * v + 1]),
+                    );
+                    vst1q_s32(at(2 * p, v), vreinterpretq_s32_s64(vzip1q_s64(x, y)));
+                    vst1q_s32(at(2 * p + 1, v), vreinterpretq_s32_s64(vzip2q_s64(x, y)));
+                }
+            }
+        }
+    }
+}
+
+/// `acc + a · wᵀ` on 2 × 8 int8 blocks (`a`: two rows' eight bytes, `w` likewise): lane `2i + j` of
+/// `acc` plus the dot product of bytes `8i..8i+8` of `a` with bytes `8j..8j+8` of `w`. Assembly, as the
+/// `vmmlaq_s32` intrinsic is not stable Rust yet.
+///
+/// # Safety
+/// I8MM.
+#[inline(always)]
+unsafe fn smmla(acc: int32x4_t, a: int8x16_t, w: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: register arithmetic; I8MM is the caller's contract.
+    unsafe {
+        std::arch::asm!(
+            "smmla {acc:v}.4s, {a:v}.16b, {w:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            w = in(vreg) w,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}

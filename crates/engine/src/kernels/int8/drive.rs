@@ -51,6 +51,10 @@ pub(crate) enum Path {
     /// aarch64 DotProd `sdot` (s8 × s8, indexed by row).
     #[cfg(target_arch = "aarch64")]
     NeonDot,
+    /// aarch64 I8MM `smmla` (s8 × s8, 2 rows × 2 outputs × 8 inputs per instruction): activations
+    /// stored by pairs of input groups, each weight block interleaved the same way into L1 first.
+    #[cfg(target_arch = "aarch64")]
+    NeonMmla,
 }
 
 impl Path {
@@ -72,8 +76,13 @@ impl Path {
             }
         }
         #[cfg(target_arch = "aarch64")]
-        if kern.isa() == Isa::Neon && std::arch::is_aarch64_feature_detected!("dotprod") {
-            return Path::NeonDot;
+        if kern.isa() == Isa::Neon {
+            if std::arch::is_aarch64_feature_detected!("i8mm") {
+                return Path::NeonMmla;
+            }
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                return Path::NeonDot;
+            }
         }
         let _ = (kern, Isa::Portable);
         Path::Portable
@@ -119,6 +128,39 @@ impl Path {
         64 / self.a_bytes()
     }
 
+    /// Input groups a row keeps together in the activations' interleaved layout: two for `smmla`
+    /// (eight inputs of a row, then the next row's eight), else one.
+    fn unit_groups(self) -> usize {
+        #[cfg(target_arch = "aarch64")]
+        if self == Path::NeonMmla {
+            return 2;
+        }
+        1
+    }
+
+    /// Bytes of one row's unit of inputs in the interleaved activations.
+    fn a_unit(self) -> usize {
+        self.unit_groups() * G * self.a_bytes()
+    }
+
+    /// Units of a row of `kg` input groups (the last one padded with zero inputs).
+    fn units(self, kg: usize) -> usize {
+        kg.div_ceil(self.unit_groups())
+    }
+
+    /// The kernel reads each weight block from a copy in another layout (see [`block_for_kernel`]).
+    fn rearranges_weights(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self == Path::Avx2 {
+            return true;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if self == Path::NeonMmla {
+            return true;
+        }
+        false
+    }
+
     /// i32 sums kept per output between blocks: the AVX2 kernel keeps one per input pair of its
     /// groups, added when the sums are dequantised.
     fn lanes(self) -> usize {
@@ -135,7 +177,7 @@ impl Path {
             _ => {}
         }
         #[cfg(target_arch = "aarch64")]
-        if self == Path::NeonDot {
+        if matches!(self, Path::NeonDot | Path::NeonMmla) {
             return 16;
         }
         NR
@@ -239,19 +281,20 @@ pub(crate) fn gemm_int8_on(
     );
     SCRATCH.with(|s| {
         let (mut qa, mut sa) = std::mem::take(&mut *s.borrow_mut());
-        let eb = path.a_bytes();
         let fill = if path.shift() { 128u8 } else { 0 };
         // AMX: rows of whole tile steps plus one cache line (no 4 KiB-multiple strides), padded with
-        // zero rows to whole tile blocks. Elsewhere: groups of MR8 rows interleaved by input group,
-        // `[m / 6][kg][6][4]` (the microkernel's broadcasts then read one sequential stream), the last
-        // group padded with rows that are computed but never stored.
+        // zero rows to whole tile blocks. Elsewhere: groups of MR8 rows interleaved by input group
+        // (by pairs of groups for `smmla`), `[m / 6][kg][6][4]` (the microkernel's broadcasts then read
+        // one sequential stream), the last group padded with rows that are computed but never stored.
+        let unit = path.a_unit();
+        let units = path.units(w.kg);
         let (lq, len) = match path.tile() {
             Some((rows, groups)) => {
                 let lq = w.kg.div_ceil(groups) * groups * G + 64;
                 (lq, m.div_ceil(rows) * rows * lq)
             }
             None => {
-                let lq = w.kg * MR8 * G * eb;
+                let lq = units * MR8 * unit;
                 (lq, m.div_ceil(MR8) * lq)
             }
         };
@@ -261,7 +304,6 @@ pub(crate) fn gemm_int8_on(
         // SAFETY: any i16 buffer may be viewed as bytes; `len` of them fit.
         let qb = unsafe { std::slice::from_raw_parts_mut(qa.as_mut_ptr() as *mut u8, len) };
         let unsmooth = w.unsmooth();
-        let kg = w.kg;
         if path.tile().is_some() {
             qb[m * lq..].fill(fill);
             qb[..m * lq]
@@ -279,13 +321,13 @@ pub(crate) fn gemm_int8_on(
                 .for_each(|(gi, (grp, ss))| {
                     for (r, s) in ss.iter_mut().enumerate() {
                         let i = gi * MR8 + r;
-                        let at = &mut grp[r * G * eb..];
+                        let at = &mut grp[r * unit..];
                         *s = if i < m {
                             let x = &a[i * lda..i * lda + k];
-                            quantize(kern, path, x, unsmooth, kg, at, MR8 * G * eb)
+                            quantize(kern, path, x, unsmooth, units, at, MR8 * unit)
                         } else {
-                            for g in 0..kg {
-                                at[g * MR8 * G * eb..(g * MR8 + 1) * G * eb].fill(fill);
+                            for u in 0..units {
+                                at[u * MR8 * unit..u * MR8 * unit + unit].fill(fill);
                             }
                             0.0
                         };
@@ -303,20 +345,23 @@ pub(crate) fn gemm_int8_on(
     });
 }
 
-/// Quantise one activation row for `path` (the definition in `quantize_row`) and store input group `g`
-/// (four values of the path's element type) at `dst[g · stride..]` for `g < kg`, inputs past `x.len()`
-/// as zero; returns `s_a`.
+/// Quantise one activation row for `path` (the definition in `quantize_row`) and store its unit `u`
+/// (`path.unit_groups()` groups of four inputs in the path's element type, `path.a_unit()` bytes) at
+/// `dst[u · stride..]` for `u < units`, inputs past `x.len()` as zero; returns `s_a`.
 fn quantize(
     kern: Kernels,
     path: Path,
     x: &[f32],
     unsmooth: Option<&[f32]>,
-    kg: usize,
+    units: usize,
     dst: &mut [u8],
     stride: usize,
 ) -> f32 {
-    let eb = path.a_bytes();
-    assert!(kg * G >= x.len() && (kg == 0 || dst.len() >= (kg - 1) * stride + G * eb));
+    let (eb, unit) = (path.a_bytes(), path.a_unit());
+    let per_unit = unit / eb;
+    assert!(
+        units * per_unit >= x.len() && (units == 0 || dst.len() >= (units - 1) * stride + unit)
+    );
     #[cfg(target_arch = "x86_64")]
     if path != Path::Portable {
         use super::super::x86_int8::{QForm, quantize_avx2};
@@ -325,17 +370,18 @@ fn quantize(
             (_, true) => QForm::U8Shifted,
             _ => QForm::I8,
         };
-        // SAFETY: every non-portable x86 path runs on an AVX2 machine; extents asserted above.
-        return unsafe { quantize_avx2(x, unsmooth, kg, dst.as_mut_ptr(), stride, form) };
+        // SAFETY: every non-portable x86 path runs on an AVX2 machine and has units of one group;
+        // extents asserted above.
+        return unsafe { quantize_avx2(x, unsmooth, units, dst.as_mut_ptr(), stride, form) };
     }
     let _ = kern;
-    let mut q = vec![0u8; kg * G];
+    let mut q = vec![0u8; units * per_unit];
     let s = quantize_row(x, unsmooth, &mut q[..x.len()], path.shift());
     let zero = if path.shift() { 128 } else { 0 };
     q[x.len()..].fill(zero);
-    for (g, v) in q.chunks_exact(G).enumerate() {
+    for (u, v) in q.chunks_exact(per_unit).enumerate() {
         for (t, b) in v.iter().enumerate() {
-            let at = g * stride + t * eb;
+            let at = u * stride + t * eb;
             if eb == 2 {
                 dst[at..at + 2].copy_from_slice(&(*b as i8 as i16).to_le_bytes());
             } else {
@@ -395,9 +441,8 @@ fn run_panels(
                 while kb < kg {
                     let kgc = (kg - kb).min(kgb);
                     let block = &wp[kb * NR * G..(kb + kgc) * NR * G];
-                    let bptr = if eb == 2 {
-                        widen(path, block, &mut wide[..kgc * NR * G]);
-                        wide.as_ptr() as *const u8
+                    let bptr = if path.rearranges_weights() {
+                        block_for_kernel(path, block, wide)
                     } else {
                         block.as_ptr() as *const u8
                     };
@@ -494,16 +539,47 @@ fn prefetch_l1(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// The AVX2 kernel's operand: a block of packed weights sign-extended to i16 (see `widen_avx2`).
-fn widen(path: Path, src: &[i8], dst: &mut [i16]) {
-    assert!(src.len() == dst.len() && src.len().is_multiple_of(NR * G));
+/// A weight block of whole groups as the path's kernel reads it, copied into `wide` (a thread's L1
+/// buffer, once per block and row pass, so the cost is shared by every row group of the pass): AVX2
+/// takes it sign-extended to i16 (see `widen_avx2`); `smmla` interleaved by pairs of groups,
+/// `[kg / 2][64][8]` bytes (output `j`'s four inputs of group `2u`, then its four of group `2u + 1`,
+/// zero past the block: the activations' layout, see [`Path::unit_groups`]).
+fn block_for_kernel(path: Path, src: &[i8], wide: &mut AlignedBuf<i16>) -> *const u8 {
+    assert!(src.len().is_multiple_of(NR * G));
     #[cfg(target_arch = "x86_64")]
     if path == Path::Avx2 {
+        let dst = &mut wide[..src.len()];
         // SAFETY: AVX2 checked by `Path::of`; whole groups of the panel, equal lengths.
         unsafe { super::super::x86_int8::widen_avx2(src, dst) };
-        return;
+        return dst.as_ptr() as *const u8;
     }
-    unreachable!("only the AVX2 path widens its weights ({path:?})");
+    #[cfg(target_arch = "aarch64")]
+    if path == Path::NeonMmla {
+        let kg = src.len() / (NR * G);
+        let words = kg.div_ceil(2) * 2 * NR;
+        assert!(words * 2 <= wide.len());
+        // SAFETY: the i16 buffer viewed as 4-byte words (it is 64-byte aligned and holds `words`).
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(wide.as_mut_ptr() as *mut [i8; G], words) };
+        let word = |g: usize, j: usize| -> [i8; G] {
+            if g < kg {
+                src[(g * NR + j) * G..(g * NR + j + 1) * G]
+                    .try_into()
+                    .unwrap()
+            } else {
+                [0; G]
+            }
+        };
+        for (u, pair) in dst.chunks_exact_mut(2 * NR).enumerate() {
+            for (j, out) in pair.chunks_exact_mut(2).enumerate() {
+                out[0] = word(2 * u, j);
+                out[1] = word(2 * u + 1, j);
+            }
+        }
+        return dst.as_ptr() as *const u8;
+    }
+    let _ = wide;
+    unreachable!("the {path:?} kernel reads the packed weights as they are");
 }
 
 /// Where a microkernel that dequantises its own rows (AVX2, zmm VNNI) writes them after the last input
@@ -738,6 +814,10 @@ unsafe fn ukr(
             #[cfg(target_arch = "aarch64")]
             Path::NeonDot => {
                 super::super::neon::ukr_sdot(kg, a as *const i8, b as *const i8, acc, rows, load)
+            }
+            #[cfg(target_arch = "aarch64")]
+            Path::NeonMmla => {
+                super::super::neon::ukr_smmla(kg, a as *const i8, b as *const i8, acc, load)
             }
             Path::Portable => ukr_portable(kg, a as *const i8, b as *const i8, acc, rows, load),
         }

@@ -64,12 +64,20 @@ fn every_path_is_the_definition(m: usize, a: &[f32], k: usize, w: &PackedInt8) {
     }
 }
 
-/// Every (kernels, path) pair this CPU can run: each instruction set's own path.
+/// Every (kernels, path) pair this CPU can run: each instruction set's own path, and the paths a
+/// better one displaces (`sdot` where `smmla` is chosen).
 fn paths() -> Vec<(Kernels, Path)> {
-    let v: Vec<(Kernels, Path)> = Kernels::available()
+    #[allow(unused_mut)]
+    let mut v: Vec<(Kernels, Path)> = Kernels::available()
         .into_iter()
         .map(|k| (k, Path::of(k)))
         .collect();
+    #[cfg(target_arch = "aarch64")]
+    if std::arch::is_aarch64_feature_detected!("dotprod")
+        && let Some(&(kern, _)) = v.iter().find(|(_, p)| *p == Path::NeonMmla)
+    {
+        v.push((kern, Path::NeonDot));
+    }
     // The SIMD paths this CPU has must be among those tested.
     #[cfg(target_arch = "x86_64")]
     {
@@ -90,8 +98,19 @@ fn paths() -> Vec<(Kernels, Path)> {
         }
     }
     #[cfg(target_arch = "aarch64")]
-    if std::arch::is_aarch64_feature_detected!("dotprod") {
-        assert!(v.iter().any(|(_, p)| *p == Path::NeonDot));
+    {
+        use std::arch::is_aarch64_feature_detected as has;
+        if has!("dotprod") {
+            assert!(v.iter().any(|(_, p)| *p == Path::NeonDot));
+        }
+        if has!("i8mm") {
+            assert!(v.iter().any(|(_, p)| *p == Path::NeonMmla));
+        }
+        // Which integer paths ran, for the log (qemu-user's CPU decides it under CI).
+        eprintln!(
+            "int8 paths tested: {:?}",
+            v.iter().map(|(_, p)| *p).collect::<Vec<_>>()
+        );
     }
     v
 }
