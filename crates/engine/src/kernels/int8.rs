@@ -472,7 +472,7 @@ mod drive;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use drive::Dequantised;
 pub(crate) use drive::MR8;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) use drive::Path;
 pub(crate) use drive::narrow_is_faster;
 pub use drive::{ceiling_chain, gemm_int8};

@@ -22,6 +22,8 @@ pub mod math;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon_peak;
 pub mod pack;
 pub mod peak;
 pub(crate) mod simd;

@@ -39,8 +39,8 @@ pub struct Peak {
     /// (AVX2: `avx2 maddubsw`; AMX: the tile peak); `None` for the portable path.
     pub int8_gops: Option<f64>,
     /// Every int8 chain this CPU has, by name (`avx2 maddubsw`, `avx2 maddubsw signed`, `avx2 pair-sum`,
-    /// `avx2 maddwd`, `vnni
-    /// zmm`, `vnni ymm`, `avx-vnni ymm`), GOP/s on all threads.
+    /// `avx2 maddwd`, `vnni zmm`, `vnni ymm`, `avx-vnni ymm`; aarch64 `neon sdot`, `neon smmla`), GOP/s
+    /// on all threads.
     pub int8_by_chain: Vec<(String, f64)>,
 }
 
@@ -156,8 +156,11 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
 }
 
 /// The int8 chains of this CPU (name, GOP/s) and the rate of the one the kernels' int8 path runs.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn int8_ceilings(kern: Kernels, seconds: f64) -> (Vec<(String, f64)>, Option<f64>) {
+    #[cfg(target_arch = "aarch64")]
+    use super::neon_peak::{Chain, run};
+    #[cfg(target_arch = "x86_64")]
     use super::x86_peak::{Chain, run};
     // The rule's weights are narrow (7-bit): the chain the int8 arm runs on them.
     let own = super::int8::Path::of(kern).narrowed().chain();
@@ -177,7 +180,7 @@ fn int8_ceilings(kern: Kernels, seconds: f64) -> (Vec<(String, f64)>, Option<f64
     (out, mine)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn int8_ceilings(_: Kernels, _: f64) -> (Vec<(String, f64)>, Option<f64>) {
     (Vec::new(), None)
 }
@@ -251,4 +254,30 @@ fn rate(seconds: f64, flops_per_iter: f64, f: impl Fn(u64) -> f32 + Sync) -> f64
         iters as f64 * flops_per_iter / dt / 1e9
     });
     per_thread.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every vector kernel set gets an f32 peak, and where its int8 path is built from a chain, that
+    /// chain's ceiling is measured and reported under the name the GEMM bench looks up.
+    #[test]
+    fn the_peaks_of_every_kernel_set_are_measured() {
+        for kern in Kernels::available().into_iter().filter(|k| k.simd()) {
+            let p = measure(kern, 0.01).expect("an f32 peak for a SIMD kernel set");
+            assert!(p.fp32_gflops > 0.0, "{kern:?}");
+            if let Some(name) = super::super::int8::ceiling_chain(kern, true) {
+                let (_, r) = p
+                    .int8_by_chain
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .unwrap_or_else(|| panic!("{kern:?}: no {name} among {:?}", p.int8_by_chain));
+                assert!(*r > 0.0);
+                if !kern.amx() {
+                    assert_eq!(p.int8_gops, Some(*r), "{kern:?}");
+                }
+            }
+        }
+    }
 }

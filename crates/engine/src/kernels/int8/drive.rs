@@ -205,6 +205,17 @@ impl Path {
             Path::Portable | Path::Amx => None,
         }
     }
+
+    /// The register-resident chain the path's microkernel is built from (its ceiling in `peak`).
+    #[cfg(target_arch = "aarch64")]
+    pub(crate) fn chain(self) -> Option<super::super::neon_peak::Chain> {
+        use super::super::neon_peak::Chain;
+        match self {
+            Path::NeonDot => Some(Chain::Sdot),
+            Path::NeonMmla => Some(Chain::Smmla),
+            Path::Portable => None,
+        }
+    }
 }
 
 thread_local! {
@@ -221,9 +232,9 @@ thread_local! {
 pub fn ceiling_chain(kern: Kernels, narrow: bool) -> Option<&'static str> {
     let path = Path::of(kern);
     let path = if narrow { path.narrowed() } else { path };
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     return path.chain().map(|c| c.name());
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = path;
         None
