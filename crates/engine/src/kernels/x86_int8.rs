@@ -92,9 +92,15 @@ pub(crate) unsafe fn ukr_vnni(
 
 /// The lane of `vpdpbusd` on ymm (`x + Σ_t a[t] · b[t]` per i32 lane, u8 `a`, s8 `b`), one body for every
 /// encoding of it: 6 rows × 2 vectors of 8 outputs (12 accumulators, two weight registers and the
-/// broadcast: 15 of the 16 registers VEX code has), four column blocks.
+/// broadcast: 15 of the 16 registers VEX code has), four column blocks. Where `fused`, `store` (the last
+/// input block) has each column block's rows dequantised into C as [`ukr_vnni`] does, instead of stored
+/// as sums for a separate pass (which then writes C in a burst with no products to overlap it); where
+/// not, `store` must be `None` and the epilogue is not compiled in.
 macro_rules! ukr_ymm_dp {
-    ($(#[$doc:meta])* $name:ident, $features:literal, |$x:ident, $a:ident, $b:ident| $dp:expr) => {
+    (
+        $(#[$doc:meta])* $name:ident, $features:literal, fused = $fused:literal,
+        |$x:ident, $a:ident, $b:ident| $dp:expr
+    ) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -107,10 +113,17 @@ macro_rules! ukr_ymm_dp {
             acc: *mut i32,
             rows: usize,
             load: bool,
+            store: Option<Dequantised>,
         ) {
+            debug_assert!($fused || store.is_none());
+            let store = if $fused { store } else { None };
             // SAFETY: extents as documented.
             unsafe {
                 for jb in 0..NR / 16 {
+                    if store.is_some_and(|d| jb * 16 >= d.ncols) {
+                        // The last panel of an `n` that is no multiple of 64: nothing left to write.
+                        break;
+                    }
                     let at = |r: usize, v: usize| acc.add(jb * MR8 * 16 + r * 16 + 8 * v) as *mut __m256i;
                     let mut c = [[_mm256_setzero_si256(); 2]; MR8];
                     if load {
@@ -132,9 +145,31 @@ macro_rules! ukr_ymm_dp {
                             }
                         }
                     }
-                    for (r, row) in c.iter().enumerate().take(rows) {
-                        for (v, x) in row.iter().enumerate() {
-                            _mm256_storeu_si256(at(r, v), *x);
+                    let Some(d) = store else {
+                        for (r, row) in c.iter().enumerate().take(rows) {
+                            for (v, x) in row.iter().enumerate() {
+                                _mm256_storeu_si256(at(r, v), *x);
+                            }
+                        }
+                        continue;
+                    };
+                    for v in 0..2 {
+                        let j0 = jb * 16 + 8 * v;
+                        // Lanes past `ncols` are not written; the scales and weight sums are whole
+                        // panels, so their loads stay inside.
+                        let live = _mm256_cmpgt_epi32(
+                            _mm256_set1_epi32(d.ncols.saturating_sub(j0).min(8) as i32),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                        );
+                        let sw = _mm256_loadu_ps(d.sw.add(j0));
+                        let zero = _mm256_slli_epi32::<7>(_mm256_loadu_si256(
+                            d.wsum.add(j0) as *const __m256i,
+                        ));
+                        for (r, row) in c.iter().enumerate().take(rows) {
+                            let x = _mm256_sub_epi32(row[v], zero);
+                            let y = _mm256_mul_ps(_mm256_cvtepi32_ps(x), sw);
+                            let y = _mm256_mul_ps(y, _mm256_set1_ps(*d.sa.add(r)));
+                            _mm256_maskstore_ps(d.c.add(r * d.ldc + j0), live, y);
                         }
                     }
                 }
@@ -147,6 +182,7 @@ ukr_ymm_dp!(
     /// AVX-VNNI (VEX `vpdpbusd` on ymm): u8 activations (`q_a + 128`), s8 weights.
     ukr_vnni_ymm,
     "avx2,avxvnni",
+    fused = true,
     |x, a, b| _mm256_dpbusd_avx_epi32(x, a, b)
 );
 
@@ -155,6 +191,7 @@ ukr_ymm_dp!(
     /// on AVX-512 machines without AVX-VNNI, so they test and measure the ymm kernel.
     ukr_vnni_ymm_evex,
     "avx2,avx512f,avx512vl,avx512vnni",
+    fused = true,
     |x, a, b| _mm256_dpbusd_epi32(x, a, b)
 );
 
@@ -163,9 +200,12 @@ ukr_ymm_dp!(
     /// instructions, `vpmaddubsw` on the VNNI operands (u8 `q_a + 128`, s8 weights), `vpmaddwd` by ones,
     /// `vpaddd`. A `vpmaddubsw` pair is at most 2 · 255 · 63 = 32,130 < 32,767, so its i16 saturation
     /// cannot occur and the sums are the exact ones of every other path. Three vector operations per 32
-    /// multiply-adds where `vpmaddwd` on i16 needs four, and no widening of the weights.
+    /// multiply-adds where `vpmaddwd` on i16 needs four, and no widening of the weights. Not fused: its
+    /// loop needs 17 registers of 16 already, the epilogue's made the compiler spill an accumulator to
+    /// the stack and back on every group, and the GEMM bench found it no faster (2026-12-05).
     ukr_avx2_narrow,
     "avx2",
+    fused = false,
     |x, a, b| _mm256_add_epi32(
         x,
         _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))

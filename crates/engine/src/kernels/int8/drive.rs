@@ -431,9 +431,12 @@ fn run_panels(
     let eb = path.a_bytes();
     let kgb = path.kg_block();
     let lanes = path.lanes();
-    // The AVX2 and zmm VNNI kernels dequantise their rows themselves after the last input block.
+    // These kernels dequantise their rows themselves after the last input block.
     #[cfg(target_arch = "x86_64")]
-    let fused = matches!(path, Path::Avx2 | Path::Vnni512);
+    let fused = matches!(
+        path,
+        Path::Avx2 | Path::VnniYmm | Path::VnniYmmEvex | Path::Vnni512
+    );
     #[cfg(not(target_arch = "x86_64"))]
     let fused = false;
     let panels = n.div_ceil(NR);
@@ -813,13 +816,15 @@ unsafe fn ukr(
             #[cfg(target_arch = "x86_64")]
             Path::Vnni512 => x::ukr_vnni(kg, a, b as *const i8, acc, rows, load, store),
             #[cfg(target_arch = "x86_64")]
-            Path::VnniYmm => x::ukr_vnni_ymm(kg, a, b as *const i8, acc, rows, load),
+            Path::VnniYmm => x::ukr_vnni_ymm(kg, a, b as *const i8, acc, rows, load, store),
             #[cfg(target_arch = "x86_64")]
-            Path::VnniYmmEvex => x::ukr_vnni_ymm_evex(kg, a, b as *const i8, acc, rows, load),
+            Path::VnniYmmEvex => {
+                x::ukr_vnni_ymm_evex(kg, a, b as *const i8, acc, rows, load, store)
+            }
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => x::ukr_avx2(kg, a, b as *const i16, acc, rows, load, store),
             #[cfg(target_arch = "x86_64")]
-            Path::Avx2Narrow => x::ukr_avx2_narrow(kg, a, b as *const i8, acc, rows, load),
+            Path::Avx2Narrow => x::ukr_avx2_narrow(kg, a, b as *const i8, acc, rows, load, store),
             #[cfg(target_arch = "x86_64")]
             Path::Amx => unreachable!("AMX runs whole tile blocks (run_panels_amx)"),
             #[cfg(target_arch = "aarch64")]
