@@ -431,7 +431,9 @@ fn run_panels(
     let eb = path.a_bytes();
     let kgb = path.kg_block();
     let lanes = path.lanes();
-    // These kernels dequantise their rows themselves after the last input block.
+    // These kernels dequantise their rows themselves after the last input block; for the others it
+    // is done here, each group right after its last block (while its sums are in L1, and so that C is
+    // written between products rather than in one burst per pass).
     #[cfg(target_arch = "x86_64")]
     let fused = matches!(
         path,
@@ -445,11 +447,23 @@ fn run_panels(
         PANEL.with(|bufs| {
             let (acc, wide) = &mut *bufs.borrow_mut();
             let wp = &w.data[p * kg * NR * G..(p + 1) * kg * NR * G];
+            let out = Dequant {
+                kern,
+                w,
+                p,
+                scale: sa,
+                shift: path.shift(),
+                lanes,
+                cols: path.acc_cols(),
+                c: cp,
+                ldc,
+            };
             let mut mc0 = 0;
             while mc0 < m {
                 let mc1 = (mc0 + MC).min(m);
                 if kg == 0 {
                     acc[..(mc1 - mc0).div_ceil(MR8) * MR8 * NR * lanes].fill(0);
+                    out.rows(&acc[..], mc0..mc1);
                 }
                 let mut kb = 0;
                 while kb < kg {
@@ -512,26 +526,13 @@ fn run_panels(
                         // the scales of the panel and of a whole group of rows (`sa` is padded); the
                         // instruction set was checked by `Path::of` (or the test that chose the path).
                         unsafe { ukr(path, kgc, ag, bptr, accp, rows, kb > 0, store) };
+                        if !fused && kb + kgc == kg {
+                            out.rows(&acc[at..], i0..i0 + rows);
+                        }
                         i0 += MR8;
                     }
                     kb += kgc;
                 }
-                if fused && kg > 0 {
-                    mc0 = mc1;
-                    continue;
-                }
-                let out = Dequant {
-                    kern,
-                    w,
-                    p,
-                    scale: sa,
-                    shift: path.shift(),
-                    lanes,
-                    cols: path.acc_cols(),
-                    c: cp,
-                    ldc,
-                };
-                out.rows(&acc[..], mc0..mc1);
                 mc0 = mc1;
             }
         });
