@@ -597,9 +597,9 @@ fn block_for_kernel(path: Path, src: &[i8], wide: &mut AlignedBuf<i16>) -> *cons
     unreachable!("the {path:?} kernel reads the packed weights as they are");
 }
 
-/// Where a microkernel that dequantises its own rows (AVX2, zmm VNNI) writes them after the last input
-/// block: `C[r][j] = (f32(sum) · sw[j]) · sa[r]` for `r < rows`, `j < ncols`, as [`Dequant`] would
-/// (VNNI: `sum − 128 · wsum[j]`).
+/// Where a microkernel that dequantises its own rows (AVX2 8-bit, ymm and zmm VNNI) writes them after
+/// the last input block: `C[r][j] = (f32(sum) · sw[j]) · sa[r]` for `r < rows`, `j < ncols`, as
+/// [`Dequant`] would (VNNI: `sum − 128 · wsum[j]`).
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Dequantised {
