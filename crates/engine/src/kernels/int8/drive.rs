@@ -161,6 +161,19 @@ impl Path {
         false
     }
 
+    /// The microkernel writes a group's rows of C itself after its last input block (given a
+    /// [`Dequantised`]); the x86 kernels' own `store` parameters say which (the ymm macro's `fused`).
+    fn dequantises_in_kernel(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(
+            self,
+            Path::Avx2 | Path::VnniYmm | Path::VnniYmmEvex | Path::Vnni512
+        ) {
+            return true;
+        }
+        false
+    }
+
     /// i32 sums kept per output between blocks: the AVX2 kernel keeps one per input pair of its
     /// groups, added when the sums are dequantised.
     fn lanes(self) -> usize {
@@ -431,16 +444,10 @@ fn run_panels(
     let eb = path.a_bytes();
     let kgb = path.kg_block();
     let lanes = path.lanes();
-    // These kernels dequantise their rows themselves after the last input block; for the others it
-    // is done here, each group right after its last block (while its sums are in L1, and so that C is
-    // written between products rather than in one burst per pass).
-    #[cfg(target_arch = "x86_64")]
-    let fused = matches!(
-        path,
-        Path::Avx2 | Path::VnniYmm | Path::VnniYmmEvex | Path::Vnni512
-    );
-    #[cfg(not(target_arch = "x86_64"))]
-    let fused = false;
+    // For kernels that do not dequantise their own rows it is done here, each group right after its
+    // last block (while its sums are in L1, and so that C is written between products rather than in
+    // one burst per pass).
+    let fused = path.dequantises_in_kernel();
     let panels = n.div_ceil(NR);
     (0..panels).into_par_iter().for_each(|p| {
         crate::background::yield_point();
