@@ -618,6 +618,7 @@ mod tests {
             Isa::Avx512Bf16,
             Isa::Amx,
             Isa::Neon,
+            Isa::NeonI8mm,
         ] {
             assert!(peer_caps(isa, none_set).is_empty(), "{isa}");
         }

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 /// Settings read from the environment that are not flags of any one command.
 const ENVIRONMENT: &str = "\
 Environment:
-  KEV_ISA=portable|avx2|avxvnni|avx512|avx512bf16|amx|neon
+  KEV_ISA=portable|avx2|avxvnni|avx512|avx512bf16|amx|neon|neoni8mm
       Cap the CPU kernels (default: the best this CPU has). The choice in force is logged, reported
       by /v1/models (x_backend) and in bench JSON; a set the CPU lacks falls back to the best one.
   KEV_LOG_FORMAT=text|json   Log format on stderr (as --log-format).

@@ -54,7 +54,7 @@ pub(super) fn isa_bars(isa: Isa) -> IsaBars {
             peak: Some(("fp32", 0.80)),
             source: "issue 13's AVX2 bars; issue 29's int8 bars and 80 % fp32 share",
         },
-        Isa::Neon | Isa::Portable => IsaBars {
+        Isa::Neon | Isa::NeonI8mm | Isa::Portable => IsaBars {
             ratios: &[],
             peak: None,
             source: "no speed bar stated for this instruction set",

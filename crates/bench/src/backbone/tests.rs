@@ -365,6 +365,7 @@ fn int8_on_dot_products_is_held_to_our_best_float_arm() {
     assert_eq!(int8_bars(Isa::Amx, &[]), Int8Bars::DotProducts);
     assert_eq!(int8_bars(Isa::Portable, &vnni), Int8Bars::None);
     assert_eq!(int8_bars(Isa::Neon, &[]), Int8Bars::None);
+    assert_eq!(int8_bars(Isa::NeonI8mm, &[]), Int8Bars::None);
     let b = bars(&Measured {
         isa: Isa::Avx512,
         int8_only: false,

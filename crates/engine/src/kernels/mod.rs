@@ -81,8 +81,12 @@ impl std::str::FromStr for Arm {
 pub enum Isa {
     /// Plain Rust, no explicit SIMD.
     Portable,
-    /// aarch64 Advanced SIMD (4 f32 lanes, fused multiply-add).
+    /// aarch64 Advanced SIMD (4 f32 lanes, fused multiply-add); the int8 arm on DotProd `sdot` where the
+    /// CPU has it.
     Neon,
+    /// aarch64 Advanced SIMD plus I8MM: the int8 arm's products on `smmla`, everything else as
+    /// [`Isa::Neon`]. `KEV_ISA=neon` keeps `sdot` on such a CPU, so the two kernels can be A/B'd there.
+    NeonI8mm,
     /// AVX2 + FMA (8 f32 lanes); BF16 dot products as exact f32 products.
     Avx2,
     /// AVX2 + FMA plus AVX-VNNI (VEX `vpdpbusd` on ymm: Alder Lake and later, Zen 5): the int8 arm's
@@ -106,6 +110,7 @@ impl Isa {
         match self {
             Isa::Portable => "portable",
             Isa::Neon => "neon",
+            Isa::NeonI8mm => "neoni8mm",
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
@@ -115,9 +120,10 @@ impl Isa {
     }
 
     /// Every instruction set, weakest first.
-    pub const ALL: [Isa; 7] = [
+    pub const ALL: [Isa; 8] = [
         Isa::Portable,
         Isa::Neon,
+        Isa::NeonI8mm,
         Isa::Avx2,
         Isa::AvxVnni,
         Isa::Avx512,
@@ -150,7 +156,7 @@ pub struct Kernels {
 
 impl Kernels {
     /// The best kernels this CPU supports, capped by `KEV_ISA` (`portable`, `avx2`, `avxvnni`, `avx512`,
-    /// `avx512bf16`, `amx`, `neon`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
+    /// `avx512bf16`, `amx`, `neon`, `neoni8mm`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
     /// the CPU has, or an unknown name, leaves the best choice (and says so in the log).
     pub fn detect() -> Self {
         let best = Self::best_isa();
@@ -178,7 +184,7 @@ impl Kernels {
             use std::arch::is_x86_feature_detected as has;
             match isa {
                 Isa::Portable => true,
-                Isa::Neon => false,
+                Isa::Neon | Isa::NeonI8mm => false,
                 Isa::Avx2 => has!("avx2") && has!("fma"),
                 Isa::AvxVnni => {
                     has!("avx2")
@@ -193,8 +199,13 @@ impl Kernels {
         }
         #[cfg(target_arch = "aarch64")]
         {
-            matches!(isa, Isa::Portable | Isa::Neon)
-                && (isa == Isa::Portable || std::arch::is_aarch64_feature_detected!("neon"))
+            use std::arch::is_aarch64_feature_detected as has;
+            match isa {
+                Isa::Portable => true,
+                Isa::Neon => has!("neon"),
+                Isa::NeonI8mm => has!("neon") && has!("i8mm"),
+                _ => false,
+            }
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {

@@ -110,6 +110,7 @@ pub fn measure(kern: Kernels, seconds: f64) -> Option<Peak> {
     let own = match kern.isa() {
         Isa::Avx512Bf16 | Isa::Amx => Isa::Avx512,
         Isa::AvxVnni => Isa::Avx2,
+        Isa::NeonI8mm => Isa::Neon,
         i => i,
     };
     let fp32 = by_isa

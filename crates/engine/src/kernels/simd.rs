@@ -127,7 +127,7 @@ pub(crate) fn dispatch<K: Kernel>(kern: Kernels, k: K) -> K::Out {
             unsafe { super::x86::on_avx2(k) }
         }
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => {
+        Isa::Neon | Isa::NeonI8mm => {
             // SAFETY: as above.
             unsafe { super::neon::on_neon(k) }
         }
@@ -294,7 +294,8 @@ mod tests {
                 let (isa, out) = dispatch(kern, Probe(n));
                 let same = isa == kern.isa()
                     || (isa == Isa::Avx512 && matches!(kern.isa(), Isa::Avx512Bf16 | Isa::Amx))
-                    || (isa == Isa::Avx2 && kern.isa() == Isa::AvxVnni);
+                    || (isa == Isa::Avx2 && kern.isa() == Isa::AvxVnni)
+                    || (isa == Isa::Neon && kern.isa() == Isa::NeonI8mm);
                 assert!(same, "{:?} ran as {isa:?}", kern.isa());
                 assert!(out[n].is_nan(), "{isa:?}: wrote past the end");
                 for (i, got) in out.iter().enumerate().take(n) {

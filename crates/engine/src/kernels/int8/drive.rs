@@ -76,13 +76,13 @@ impl Path {
             }
         }
         #[cfg(target_arch = "aarch64")]
-        if kern.isa() == Isa::Neon {
-            if std::arch::is_aarch64_feature_detected!("i8mm") {
-                return Path::NeonMmla;
-            }
-            if std::arch::is_aarch64_feature_detected!("dotprod") {
+        match kern.isa() {
+            // `Kernels` names `NeonI8mm` only where the CPU has I8MM.
+            Isa::NeonI8mm => return Path::NeonMmla,
+            Isa::Neon if std::arch::is_aarch64_feature_detected!("dotprod") => {
                 return Path::NeonDot;
             }
+            _ => {}
         }
         let _ = (kern, Isa::Portable);
         Path::Portable

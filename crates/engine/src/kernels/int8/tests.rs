@@ -64,20 +64,13 @@ fn every_path_is_the_definition(m: usize, a: &[f32], k: usize, w: &PackedInt8) {
     }
 }
 
-/// Every (kernels, path) pair this CPU can run: each instruction set's own path, and the paths a
-/// better one displaces (`sdot` where `smmla` is chosen).
+/// Every (kernels, path) pair this CPU can run: each instruction set's own path (`neon` is `sdot`,
+/// `neoni8mm` `smmla`, so a CPU with both runs both).
 fn paths() -> Vec<(Kernels, Path)> {
-    #[allow(unused_mut)]
-    let mut v: Vec<(Kernels, Path)> = Kernels::available()
+    let v: Vec<(Kernels, Path)> = Kernels::available()
         .into_iter()
         .map(|k| (k, Path::of(k)))
         .collect();
-    #[cfg(target_arch = "aarch64")]
-    if std::arch::is_aarch64_feature_detected!("dotprod")
-        && let Some(&(kern, _)) = v.iter().find(|(_, p)| *p == Path::NeonMmla)
-    {
-        v.push((kern, Path::NeonDot));
-    }
     // The SIMD paths this CPU has must be among those tested.
     #[cfg(target_arch = "x86_64")]
     {
