@@ -156,8 +156,8 @@ pub struct Kernels {
 
 impl Kernels {
     /// The best kernels this CPU supports, capped by `KEV_ISA` (`portable`, `avx2`, `avxvnni`, `avx512`,
-    /// `avx512bf16`, `amx`, `neon`, `neoni8mm`) so an AVX-512 machine can run and test the AVX2 kernels. A cap above what
-    /// the CPU has, or an unknown name, leaves the best choice (and says so in the log).
+    /// `avx512bf16`, `amx`, `neon`, `neoni8mm`) so an AVX-512 machine can run and test the AVX2 kernels.
+    /// A cap above what the CPU has, or an unknown name, leaves the best choice (and says so in the log).
     pub fn detect() -> Self {
         let best = Self::best_isa();
         let isa = match std::env::var("KEV_ISA") {
