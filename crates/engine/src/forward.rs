@@ -14,7 +14,7 @@ use crate::calibrate::Observe;
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::gdn::{self, GdnCall};
-use crate::kernels::{Arm, Kernels, Rows, RowsMut, Run};
+use crate::kernels::{Arm, Kernels, Rows, RowsMut, Run, math, wide};
 use crate::model::{Backbone, Mixer};
 use crate::scratch::{Workspace, grow};
 use crate::state::{GdnState, LayerState, State};
@@ -63,19 +63,18 @@ pub(crate) fn check_row(
 }
 
 /// `y = (x / sqrt(mean(x²) + eps)) · w1p` per row of `x` (`w1p` = `1 + w`).
-pub(crate) fn rms_norm_rows(x: &[f32], w1p: &[f32], eps: f32, y: &mut [f32]) {
+pub(crate) fn rms_norm_rows(kern: Kernels, x: &[f32], w1p: &[f32], eps: f32, y: &mut [f32]) {
     let h = w1p.len();
     y.par_chunks_mut(h)
         .zip(x.par_chunks(h))
         .for_each(|(yr, xr)| {
-            let mut ss = 0f64;
-            for v in xr {
-                ss += (*v as f64) * (*v as f64);
-            }
-            let inv = 1.0 / ((ss / h as f64) as f32 + eps).sqrt();
-            for ((o, v), w) in yr.iter_mut().zip(xr).zip(w1p) {
-                *o = (v * inv) * w;
-            }
+            wide(kern, || {
+                let ss = math::sum_squares(xr);
+                let inv = 1.0 / ((ss / h as f64) as f32 + eps).sqrt();
+                for ((o, v), w) in yr.iter_mut().zip(xr).zip(w1p) {
+                    *o = (v * inv) * w;
+                }
+            })
         });
 }
 
@@ -175,7 +174,7 @@ impl Backbone {
         let (ldg, lda) = (2 * im + 16, im + 16);
         let layer = &self.layers[li];
         let (x, hn) = (&mut x[..m * h], &mut hn[..m * h]);
-        rms_norm_rows(x, &layer.post_norm, self.cfg.rms_norm_eps, hn);
+        rms_norm_rows(kern, x, &layer.post_norm, self.cfg.rms_norm_eps, hn);
         let mut r0 = 0;
         while r0 < m {
             let rows = (m - r0).min(MLP_ROWS);
@@ -338,7 +337,13 @@ impl Backbone {
 
         for (li, layer) in self.layers.iter().enumerate() {
             crate::background::yield_point();
-            rms_norm_rows(&x[..tot * h], &layer.input_norm, eps, &mut hn[..tot * h]);
+            rms_norm_rows(
+                kern,
+                &x[..tot * h],
+                &layer.input_norm,
+                eps,
+                &mut hn[..tot * h],
+            );
             let (oproj, cw) = match &layer.mixer {
                 Mixer::Gdn(g) => {
                     let ldp = g.in_proj.w.n();
@@ -519,7 +524,13 @@ impl Backbone {
             r.state.pos += r.tokens.len();
             let n = r.wanted.len();
             let mut o = vec![0f32; n * h];
-            rms_norm_rows(&x[next * h..(next + n) * h], &self.final_norm, eps, &mut o);
+            rms_norm_rows(
+                self.kern,
+                &x[next * h..(next + n) * h],
+                &self.final_norm,
+                eps,
+                &mut o,
+            );
             next += n;
             result.push(o);
         }

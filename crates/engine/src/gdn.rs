@@ -107,19 +107,21 @@ pub(crate) fn run(
         .zip(kn.par_chunks_mut(t * dk))
         .enumerate()
         .for_each(|(j, (qh, kh))| {
-            for i in 0..t {
-                let row = &conv[i * cd..(i + 1) * cd];
-                l2norm(
-                    &row[j * dk..(j + 1) * dk],
-                    &mut qh[i * dk..(i + 1) * dk],
-                    Some(scale),
-                );
-                l2norm(
-                    &row[kd + j * dk..kd + (j + 1) * dk],
-                    &mut kh[i * dk..(i + 1) * dk],
-                    None,
-                );
-            }
+            wide(kern, || {
+                for i in 0..t {
+                    let row = &conv[i * cd..(i + 1) * cd];
+                    l2norm(
+                        &row[j * dk..(j + 1) * dk],
+                        &mut qh[i * dk..(i + 1) * dk],
+                        Some(scale),
+                    );
+                    l2norm(
+                        &row[kd + j * dk..kd + (j + 1) * dk],
+                        &mut kh[i * dk..(i + 1) * dk],
+                        None,
+                    );
+                }
+            });
         });
     let (qn, kn): (&[f32], &[f32]) = (qn, kn);
 
@@ -171,26 +173,25 @@ pub(crate) fn run(
             let z = &proj[i * ldp + cd..i * ldp + cd + vd];
             y.copy_from_slice(z);
             math::silu_inplace(kern, y);
-            for h in 0..nv {
-                let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
-                let mut ss = 0f64;
-                for x in o {
-                    ss += (*x as f64) * (*x as f64);
+            wide(kern, || {
+                for h in 0..nv {
+                    let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
+                    let ss = math::sum_squares(o);
+                    let inv = 1.0 / ((ss / dv as f64) as f32 + eps).sqrt();
+                    for ((yd, od), w) in
+                        y[h * dv..(h + 1) * dv].iter_mut().zip(o).zip(&g.norm[..dv])
+                    {
+                        *yd *= (od * inv) * w;
+                    }
                 }
-                let inv = 1.0 / ((ss / dv as f64) as f32 + eps).sqrt();
-                for (d, yd) in y[h * dv..(h + 1) * dv].iter_mut().enumerate() {
-                    *yd *= (o[d] * inv) * g.norm[d];
-                }
-            }
+            });
         });
 }
 
 /// `dst = src / sqrt(Σ src² + 1e-6)` (times `scale` if given), the FLA-style L2 norm HF uses.
+#[inline(always)]
 fn l2norm(src: &[f32], dst: &mut [f32], scale: Option<f32>) {
-    let mut ss = 0f64;
-    for x in src {
-        ss += (*x as f64) * (*x as f64);
-    }
+    let ss = math::sum_squares(src);
     let inv = 1.0 / (ss as f32 + 1e-6).sqrt();
     for (d, x) in dst.iter_mut().zip(src) {
         *d = x * inv;
@@ -400,9 +401,14 @@ fn chunks_impl(
         // [β⊙K ; Q] · Kᵀ → the UT system (rows 0..l) and the intra-chunk scores (rows l..2l).
         let kc = &k[t0 * dk..(t0 + l) * dk];
         let qc = &q[t0 * dk..(t0 + l) * dk];
-        for r in 0..l {
-            for a in 0..dk {
-                kbq[r * dk + a] = kc[r * dk + a] * beta[t0 + r];
+        // Row-slice loops throughout (no index arithmetic in the body), so they vectorise.
+        for ((dst, src), b) in kbq[..l * dk]
+            .chunks_exact_mut(dk)
+            .zip(kc.chunks_exact(dk))
+            .zip(&beta[t0..t0 + l])
+        {
+            for (x, y) in dst.iter_mut().zip(src) {
+                *x = y * b;
             }
         }
         kbq[l * dk..2 * l * dk].copy_from_slice(qc);
@@ -449,8 +455,12 @@ fn chunks_impl(
                 for (x, vv) in u[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
                     *x = vv * b;
                 }
-                for (a, x) in wq[r * dk..(r + 1) * dk].iter_mut().enumerate() {
-                    *x = kbq[r * dk + a] * ecum[r];
+                let e = ecum[r];
+                for (x, y) in wq[r * dk..(r + 1) * dk]
+                    .iter_mut()
+                    .zip(&kbq[r * dk..(r + 1) * dk])
+                {
+                    *x = y * e;
                 }
             }
             flush_tiny(&mut u[r0 * dv..r1 * dv]);
@@ -504,9 +514,13 @@ fn chunks_impl(
             r0 = r1;
         }
         // Bottom half of `wq`: Q ⊙ e^γ. Then [W ; Q⊙e^γ] · S.
-        for r in 0..l {
-            for a in 0..dk {
-                wq[(l + r) * dk + a] = qc[r * dk + a] * ecum[r];
+        for ((dst, src), e) in wq[l * dk..2 * l * dk]
+            .chunks_exact_mut(dk)
+            .zip(qc.chunks_exact(dk))
+            .zip(&ecum[..l])
+        {
+            for (x, y) in dst.iter_mut().zip(src) {
+                *x = y * e;
             }
         }
         flush_tiny(&mut wq[l * dk..2 * l * dk]);
@@ -532,15 +546,22 @@ fn chunks_impl(
             dv,
             false,
         );
-        for r in 0..l {
-            for d in 0..dv {
-                o[(t0 + r) * dv + d] = ws[(l + r) * dv + d] + pv[r * dv + d];
-            }
+        for ((dst, a), b) in o[t0 * dv..(t0 + l) * dv]
+            .iter_mut()
+            .zip(&ws[l * dv..2 * l * dv])
+            .zip(&pv[..l * dv])
+        {
+            *dst = a + b;
         }
         // S ← e^{γ_last}·S + (K ⊙ e^{γ_last − γ})ᵀ · V'.
-        for r in 0..l {
-            for a in 0..dk {
-                kdt[a * l + r] = kc[r * dk + a] * etail[r];
+        // From `kt` (= Kᵀ, flushed): a value it flushed is below TINY, and so is its product with a
+        // decay ≤ 1, which the flush below zeroes, so this is the same as scaling K's rows.
+        for (dst, src) in kdt[..dk * l]
+            .chunks_exact_mut(l)
+            .zip(kt[..dk * l].chunks_exact(l))
+        {
+            for ((x, y), e) in dst.iter_mut().zip(src).zip(&etail[..l]) {
+                *x = y * e;
             }
         }
         flush_tiny(&mut kdt[..dk * l]);
