@@ -128,16 +128,20 @@ pub(crate) fn run(
                 &cos[i * half..(i + 1) * half],
                 &sin[i * half..(i + 1) * half],
             );
-            wide(kern, || {
-                for h in 0..nh {
-                    let src = &row[2 * hd * h..2 * hd * h + hd];
-                    norm_rope(src, &a.q_norm, eps, c, s, &mut qrow[h * hd..(h + 1) * hd]);
-                }
-                for g in 0..nkv {
-                    let src = &row[2 * qd + g * hd..2 * qd + (g + 1) * hd];
-                    norm_rope(src, &a.k_norm, eps, c, s, &mut krow[g * hd..(g + 1) * hd]);
-                }
-            });
+            wide(
+                kern,
+                #[inline(always)]
+                || {
+                    for h in 0..nh {
+                        let src = &row[2 * hd * h..2 * hd * h + hd];
+                        norm_rope(src, &a.q_norm, eps, c, s, &mut qrow[h * hd..(h + 1) * hd]);
+                    }
+                    for g in 0..nkv {
+                        let src = &row[2 * qd + g * hd..2 * qd + (g + 1) * hd];
+                        norm_rope(src, &a.k_norm, eps, c, s, &mut krow[g * hd..(g + 1) * hd]);
+                    }
+                },
+            );
             vrow.copy_from_slice(&row[2 * qd + nkv * hd..2 * qd + 2 * nkv * hd]);
         });
     let q: &[f32] = q;

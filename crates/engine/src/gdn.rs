@@ -78,11 +78,15 @@ pub(crate) fn run(
             let (x0, x1, x2, x3) = (src(3), src(2), src(1), src(0));
             let w = &g.conv_t;
             let (w0, w1, w2, w3) = (&w[..cd], &w[cd..2 * cd], &w[2 * cd..3 * cd], &w[3 * cd..]);
-            wide(kern, || {
-                for c in 0..cd {
-                    out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
-                }
-            });
+            wide(
+                kern,
+                #[inline(always)]
+                || {
+                    for c in 0..cd {
+                        out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
+                    }
+                },
+            );
             math::silu_inplace(kern, out);
         });
     }
@@ -107,21 +111,25 @@ pub(crate) fn run(
         .zip(kn.par_chunks_mut(t * dk))
         .enumerate()
         .for_each(|(j, (qh, kh))| {
-            wide(kern, || {
-                for i in 0..t {
-                    let row = &conv[i * cd..(i + 1) * cd];
-                    l2norm(
-                        &row[j * dk..(j + 1) * dk],
-                        &mut qh[i * dk..(i + 1) * dk],
-                        Some(scale),
-                    );
-                    l2norm(
-                        &row[kd + j * dk..kd + (j + 1) * dk],
-                        &mut kh[i * dk..(i + 1) * dk],
-                        None,
-                    );
-                }
-            });
+            wide(
+                kern,
+                #[inline(always)]
+                || {
+                    for i in 0..t {
+                        let row = &conv[i * cd..(i + 1) * cd];
+                        l2norm(
+                            &row[j * dk..(j + 1) * dk],
+                            &mut qh[i * dk..(i + 1) * dk],
+                            Some(scale),
+                        );
+                        l2norm(
+                            &row[kd + j * dk..kd + (j + 1) * dk],
+                            &mut kh[i * dk..(i + 1) * dk],
+                            None,
+                        );
+                    }
+                },
+            );
         });
     let (qn, kn): (&[f32], &[f32]) = (qn, kn);
 
@@ -173,18 +181,22 @@ pub(crate) fn run(
             let z = &proj[i * ldp + cd..i * ldp + cd + vd];
             y.copy_from_slice(z);
             math::silu_inplace(kern, y);
-            wide(kern, || {
-                for h in 0..nv {
-                    let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
-                    let ss = math::sum_squares(o);
-                    let inv = 1.0 / ((ss / dv as f64) as f32 + eps).sqrt();
-                    for ((yd, od), w) in
-                        y[h * dv..(h + 1) * dv].iter_mut().zip(o).zip(&g.norm[..dv])
-                    {
-                        *yd *= (od * inv) * w;
+            wide(
+                kern,
+                #[inline(always)]
+                || {
+                    for h in 0..nv {
+                        let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
+                        let ss = math::sum_squares(o);
+                        let inv = 1.0 / ((ss / dv as f64) as f32 + eps).sqrt();
+                        for ((yd, od), w) in
+                            y[h * dv..(h + 1) * dv].iter_mut().zip(o).zip(&g.norm[..dv])
+                        {
+                            *yd *= (od * inv) * w;
+                        }
                     }
-                }
-            });
+                },
+            );
         });
 }
 

@@ -291,7 +291,12 @@ mod tests {
             let base = sum_squares(&x);
             for k in Kernels::available() {
                 assert_eq!(
-                    crate::kernels::wide(k, || sum_squares(&x)).to_bits(),
+                    crate::kernels::wide(
+                        k,
+                        #[inline(always)]
+                        || sum_squares(&x)
+                    )
+                    .to_bits(),
                     base.to_bits(),
                     "{k:?} {n}"
                 );
