@@ -26,8 +26,7 @@ const QB: usize = 64;
 /// `x·(1+w)` RMSNorm of one head vector (`w1p` = `1 + w`), then RoPE with the given cos/sin rows.
 #[inline(always)]
 fn norm_rope(src: &[f32], w1p: &[f32], eps: f32, cos: &[f32], sin: &[f32], dst: &mut [f32]) {
-    let ss = math::sum_squares(src);
-    let inv = 1.0 / ((ss / src.len() as f64) as f32 + eps).sqrt();
+    let inv = math::rms_inv(src, eps);
     for ((d, x), w) in dst.iter_mut().zip(src).zip(w1p) {
         *d = (x * inv) * w;
     }
@@ -128,20 +127,16 @@ pub(crate) fn run(
                 &cos[i * half..(i + 1) * half],
                 &sin[i * half..(i + 1) * half],
             );
-            wide(
-                kern,
-                #[inline(always)]
-                || {
-                    for h in 0..nh {
-                        let src = &row[2 * hd * h..2 * hd * h + hd];
-                        norm_rope(src, &a.q_norm, eps, c, s, &mut qrow[h * hd..(h + 1) * hd]);
-                    }
-                    for g in 0..nkv {
-                        let src = &row[2 * qd + g * hd..2 * qd + (g + 1) * hd];
-                        norm_rope(src, &a.k_norm, eps, c, s, &mut krow[g * hd..(g + 1) * hd]);
-                    }
-                },
-            );
+            wide!(kern, || {
+                for h in 0..nh {
+                    let src = &row[2 * hd * h..2 * hd * h + hd];
+                    norm_rope(src, &a.q_norm, eps, c, s, &mut qrow[h * hd..(h + 1) * hd]);
+                }
+                for g in 0..nkv {
+                    let src = &row[2 * qd + g * hd..2 * qd + (g + 1) * hd];
+                    norm_rope(src, &a.k_norm, eps, c, s, &mut krow[g * hd..(g + 1) * hd]);
+                }
+            });
             vrow.copy_from_slice(&row[2 * qd + nkv * hd..2 * qd + 2 * nkv * hd]);
         });
     let q: &[f32] = q;

@@ -68,17 +68,12 @@ pub(crate) fn rms_norm_rows(kern: Kernels, x: &[f32], w1p: &[f32], eps: f32, y: 
     y.par_chunks_mut(h)
         .zip(x.par_chunks(h))
         .for_each(|(yr, xr)| {
-            wide(
-                kern,
-                #[inline(always)]
-                || {
-                    let ss = math::sum_squares(xr);
-                    let inv = 1.0 / ((ss / h as f64) as f32 + eps).sqrt();
-                    for ((o, v), w) in yr.iter_mut().zip(xr).zip(w1p) {
-                        *o = (v * inv) * w;
-                    }
-                },
-            )
+            wide!(kern, || {
+                let inv = math::rms_inv(xr, eps);
+                for ((o, v), w) in yr.iter_mut().zip(xr).zip(w1p) {
+                    *o = (v * inv) * w;
+                }
+            })
         });
 }
 

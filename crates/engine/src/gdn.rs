@@ -78,15 +78,11 @@ pub(crate) fn run(
             let (x0, x1, x2, x3) = (src(3), src(2), src(1), src(0));
             let w = &g.conv_t;
             let (w0, w1, w2, w3) = (&w[..cd], &w[cd..2 * cd], &w[2 * cd..3 * cd], &w[3 * cd..]);
-            wide(
-                kern,
-                #[inline(always)]
-                || {
-                    for c in 0..cd {
-                        out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
-                    }
-                },
-            );
+            wide!(kern, || {
+                for c in 0..cd {
+                    out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
+                }
+            });
             math::silu_inplace(kern, out);
         });
     }
@@ -111,25 +107,21 @@ pub(crate) fn run(
         .zip(kn.par_chunks_mut(t * dk))
         .enumerate()
         .for_each(|(j, (qh, kh))| {
-            wide(
-                kern,
-                #[inline(always)]
-                || {
-                    for i in 0..t {
-                        let row = &conv[i * cd..(i + 1) * cd];
-                        l2norm(
-                            &row[j * dk..(j + 1) * dk],
-                            &mut qh[i * dk..(i + 1) * dk],
-                            Some(scale),
-                        );
-                        l2norm(
-                            &row[kd + j * dk..kd + (j + 1) * dk],
-                            &mut kh[i * dk..(i + 1) * dk],
-                            None,
-                        );
-                    }
-                },
-            );
+            wide!(kern, || {
+                for i in 0..t {
+                    let row = &conv[i * cd..(i + 1) * cd];
+                    l2norm(
+                        &row[j * dk..(j + 1) * dk],
+                        &mut qh[i * dk..(i + 1) * dk],
+                        Some(scale),
+                    );
+                    l2norm(
+                        &row[kd + j * dk..kd + (j + 1) * dk],
+                        &mut kh[i * dk..(i + 1) * dk],
+                        None,
+                    );
+                }
+            });
         });
     let (qn, kn): (&[f32], &[f32]) = (qn, kn);
 
@@ -181,22 +173,17 @@ pub(crate) fn run(
             let z = &proj[i * ldp + cd..i * ldp + cd + vd];
             y.copy_from_slice(z);
             math::silu_inplace(kern, y);
-            wide(
-                kern,
-                #[inline(always)]
-                || {
-                    for h in 0..nv {
-                        let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
-                        let ss = math::sum_squares(o);
-                        let inv = 1.0 / ((ss / dv as f64) as f32 + eps).sqrt();
-                        for ((yd, od), w) in
-                            y[h * dv..(h + 1) * dv].iter_mut().zip(o).zip(&g.norm[..dv])
-                        {
-                            *yd *= (od * inv) * w;
-                        }
+            wide!(kern, || {
+                for h in 0..nv {
+                    let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
+                    let inv = math::rms_inv(o, eps);
+                    for ((yd, od), w) in
+                        y[h * dv..(h + 1) * dv].iter_mut().zip(o).zip(&g.norm[..dv])
+                    {
+                        *yd *= (od * inv) * w;
                     }
-                },
-            );
+                }
+            });
         });
 }
 
@@ -341,6 +328,17 @@ fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], buf
     chunks_impl(kern, head, s, o, bufs)
 }
 
+/// Row `r` of `dst` = row `r` of `src` × `scale[r]`, rows `d` wide: slice loops without index arithmetic,
+/// so they vectorise.
+#[inline(always)]
+fn scale_rows(dst: &mut [f32], src: &[f32], scale: &[f32], d: usize) {
+    for ((dr, sr), s) in dst.chunks_exact_mut(d).zip(src.chunks_exact(d)).zip(scale) {
+        for (x, y) in dr.iter_mut().zip(sr) {
+            *x = y * s;
+        }
+    }
+}
+
 /// Subnormal f32 are kept out of the chunk products (see [`math::TINY`]): with strong decays the
 /// products of decayed terms fall there in bulk — the 0.8B synthetic release spent a quarter of its
 /// AVX2 forward in these products, 4× their FLOP share. So every operand of a product is either zero or
@@ -413,16 +411,7 @@ fn chunks_impl(
         // [β⊙K ; Q] · Kᵀ → the UT system (rows 0..l) and the intra-chunk scores (rows l..2l).
         let kc = &k[t0 * dk..(t0 + l) * dk];
         let qc = &q[t0 * dk..(t0 + l) * dk];
-        // Row-slice loops throughout (no index arithmetic in the body), so they vectorise.
-        for ((dst, src), b) in kbq[..l * dk]
-            .chunks_exact_mut(dk)
-            .zip(kc.chunks_exact(dk))
-            .zip(&beta[t0..t0 + l])
-        {
-            for (x, y) in dst.iter_mut().zip(src) {
-                *x = y * b;
-            }
-        }
+        scale_rows(&mut kbq[..l * dk], kc, &beta[t0..t0 + l], dk);
         kbq[l * dk..2 * l * dk].copy_from_slice(qc);
         transpose(kc, l, dk, dk, kt);
         flush_tiny(&mut kbq[..2 * l * dk]);
@@ -467,13 +456,12 @@ fn chunks_impl(
                 for (x, vv) in u[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
                     *x = vv * b;
                 }
-                let e = ecum[r];
-                for (x, y) in wq[r * dk..(r + 1) * dk]
-                    .iter_mut()
-                    .zip(&kbq[r * dk..(r + 1) * dk])
-                {
-                    *x = y * e;
-                }
+                scale_rows(
+                    &mut wq[r * dk..(r + 1) * dk],
+                    &kbq[r * dk..(r + 1) * dk],
+                    &ecum[r..r + 1],
+                    dk,
+                );
             }
             flush_tiny(&mut u[r0 * dv..r1 * dv]);
             flush_tiny(&mut wq[r0 * dk..r1 * dk]);
@@ -526,15 +514,7 @@ fn chunks_impl(
             r0 = r1;
         }
         // Bottom half of `wq`: Q ⊙ e^γ. Then [W ; Q⊙e^γ] · S.
-        for ((dst, src), e) in wq[l * dk..2 * l * dk]
-            .chunks_exact_mut(dk)
-            .zip(qc.chunks_exact(dk))
-            .zip(&ecum[..l])
-        {
-            for (x, y) in dst.iter_mut().zip(src) {
-                *x = y * e;
-            }
-        }
+        scale_rows(&mut wq[l * dk..2 * l * dk], qc, &ecum[..l], dk);
         flush_tiny(&mut wq[l * dk..2 * l * dk]);
         matmul(
             kern,

@@ -200,6 +200,12 @@ pub fn sum_squares(x: &[f32]) -> f64 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
+/// `1 / sqrt(mean(x²) + eps)`, the scale of every RMSNorm (the mean in f64 over [`sum_squares`], then f32).
+#[inline(always)]
+pub fn rms_inv(x: &[f32], eps: f32) -> f32 {
+    1.0 / ((sum_squares(x) / x.len() as f64) as f32 + eps).sqrt()
+}
+
 /// 0 wherever `|x| <` [`TINY`] (a plain loop: it vectorises inside the caller's instruction set).
 #[inline(always)]
 pub fn flush_tiny(x: &mut [f32]) {
@@ -291,12 +297,7 @@ mod tests {
             let base = sum_squares(&x);
             for k in Kernels::available() {
                 assert_eq!(
-                    crate::kernels::wide(
-                        k,
-                        #[inline(always)]
-                        || sum_squares(&x)
-                    )
-                    .to_bits(),
+                    crate::kernels::wide!(k, || sum_squares(&x)).to_bits(),
                     base.to_bits(),
                     "{k:?} {n}"
                 );

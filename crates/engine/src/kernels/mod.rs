@@ -265,15 +265,28 @@ impl Kernels {
     }
 }
 
-/// Run `f` inside a function compiled for the kernels' instruction set, so the plain loops it inlines
-/// vectorise to its width instead of SSE2's 4 lanes. Plain loops are neither reassociated nor fused by
-/// the compiler, so the results do not change with the instruction set, only the speed.
+/// `wide!(kern, || body)`: run `body` inside a function compiled for the kernels' instruction set, so the
+/// plain loops it holds vectorise to its width instead of SSE2's 4 lanes. Plain loops are neither
+/// reassociated nor fused by the compiler, so the results do not change with the instruction set, only the
+/// speed.
 ///
-/// Pass the closure as `#[inline(always)] || …`: the closure is called from every arm below, so without
-/// the attribute LLVM keeps its body as one function compiled for the baseline and each arm only jumps
-/// to it (`objdump` showed the GDN conv in SSE `mulps` through this wrapper until 2026-12-05).
+/// A macro so the closure is always `#[inline(always)]`: it is called from every arm of [`run_wide`], and
+/// without the attribute LLVM keeps its body as one function compiled for the baseline that each arm only
+/// jumps to (`objdump` showed the GDN conv in SSE `mulps` that way until 2026-12-05).
+macro_rules! wide {
+    ($kern:expr, || $body:expr $(,)?) => {
+        $crate::kernels::run_wide(
+            $kern,
+            #[inline(always)]
+            || $body,
+        )
+    };
+}
+pub(crate) use wide;
+
+/// The body of [`wide!`]; call it through the macro.
 #[inline(always)]
-pub(crate) fn wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
+pub(crate) fn run_wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     match kern.isa() {
         Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
