@@ -299,6 +299,10 @@ fn int8_islands_on_the_dev_split() {
 /// the rule, 7-bit weights only (f32 act.) max 0.0040 p99 0.0034 mean 0.00030 rms 0.00062 flips 0/270
 /// plain, 7-bit weights                    max 0.0148 p99 0.0131 mean 0.00127 rms 0.00244 flips 0/270
 /// ```
+/// A fourth candidate, 7-bit activations (`±63`, which with 7-bit weights would let AVX2 add two
+/// `vpmaddubsw` results in i16 exactly, 10–15 % off its forward), was measured on a build that had them:
+/// the rule's line 0.0054 / 0.0049 / 0.00046 / 0.00089 here, 0 flips, but max |Δp| 0.0203 on the test
+/// split, over the bar; not taken (docs/results/engine.md, 2026-12-05).
 #[test]
 #[ignore = "selection tool for the int8 rule (dev split only); prints, asserts nothing about the bar"]
 fn int8_narrow_weights_on_the_dev_split() {
