@@ -26,10 +26,7 @@ const QB: usize = 64;
 /// `x·(1+w)` RMSNorm of one head vector (`w1p` = `1 + w`), then RoPE with the given cos/sin rows.
 #[inline(always)]
 fn norm_rope(src: &[f32], w1p: &[f32], eps: f32, cos: &[f32], sin: &[f32], dst: &mut [f32]) {
-    let inv = math::rms_inv(src, eps);
-    for ((d, x), w) in dst.iter_mut().zip(src).zip(w1p) {
-        *d = (x * inv) * w;
-    }
+    math::rms_norm(src, w1p, eps, dst);
     let half = cos.len();
     for i in 0..half {
         let (a, b) = (dst[i], dst[i + half]);

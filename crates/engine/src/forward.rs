@@ -67,14 +67,7 @@ pub(crate) fn rms_norm_rows(kern: Kernels, x: &[f32], w1p: &[f32], eps: f32, y: 
     let h = w1p.len();
     y.par_chunks_mut(h)
         .zip(x.par_chunks(h))
-        .for_each(|(yr, xr)| {
-            wide!(kern, || {
-                let inv = math::rms_inv(xr, eps);
-                for ((o, v), w) in yr.iter_mut().zip(xr).zip(w1p) {
-                    *o = (v * inv) * w;
-                }
-            })
-        });
+        .for_each(|(yr, xr)| wide!(kern, || math::rms_norm(xr, w1p, eps, yr)));
 }
 
 /// The buffers of a layer's MLP half, shared by every layer of a forward pass: the normed input, the

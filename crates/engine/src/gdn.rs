@@ -456,13 +456,13 @@ fn chunks_impl(
                 for (x, vv) in u[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
                     *x = vv * b;
                 }
-                scale_rows(
-                    &mut wq[r * dk..(r + 1) * dk],
-                    &kbq[r * dk..(r + 1) * dk],
-                    &ecum[r..r + 1],
-                    dk,
-                );
             }
+            scale_rows(
+                &mut wq[r0 * dk..r1 * dk],
+                &kbq[r0 * dk..r1 * dk],
+                &ecum[r0..r1],
+                dk,
+            );
             flush_tiny(&mut u[r0 * dv..r1 * dv]);
             flush_tiny(&mut wq[r0 * dk..r1 * dk]);
             if r0 > 0 {

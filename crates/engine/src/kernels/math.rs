@@ -206,6 +206,15 @@ pub fn rms_inv(x: &[f32], eps: f32) -> f32 {
     1.0 / ((sum_squares(x) / x.len() as f64) as f32 + eps).sqrt()
 }
 
+/// `dst = (src · rms_inv(src)) · w1p`, the `x·(1+w)` RMSNorm of one row (`w1p` = `1 + w`).
+#[inline(always)]
+pub fn rms_norm(src: &[f32], w1p: &[f32], eps: f32, dst: &mut [f32]) {
+    let inv = rms_inv(src, eps);
+    for ((d, x), w) in dst.iter_mut().zip(src).zip(w1p) {
+        *d = (x * inv) * w;
+    }
+}
+
 /// 0 wherever `|x| <` [`TINY`] (a plain loop: it vectorises inside the caller's instruction set).
 #[inline(always)]
 pub fn flush_tiny(x: &mut [f32]) {
