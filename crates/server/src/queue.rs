@@ -398,9 +398,11 @@ const SLICE_MEMORY: Duration = Duration::from_secs(2);
 /// request takes its turn).
 const LANE_PIECE: Duration = Duration::from_millis(250);
 
-/// The longest a lane piece may stay out (paused while short passes run back to back) before it gets
-/// the machine: under a saturating stream of short requests long work still gets about a fifth of it
-/// (a 250 ms piece every ~1.25 s), enough to finish a 60,000-token state inside the request timeout.
+/// The most short-pass time a lane piece may spend paused before it gets the machine: under a saturating
+/// stream of short requests long work still gets about a fifth of it (a 250 ms piece every ~1.25 s),
+/// enough to finish a 60,000-token state inside the request timeout. Counted in the passes' own time, not
+/// the time since the piece went out: a piece that is simply long (a first piece of unknown speed) is not
+/// starved, and the short requests arriving meanwhile still run beside it.
 const LANE_STARVE: Duration = Duration::from_secs(1);
 
 /// Make the calling thread a lane thread: the OS runs it only on a core nothing else wants
@@ -548,9 +550,10 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
             .expect("spawning the long lane");
         (tx, handle)
     });
-    // The job on the lane: the tokens it will have left after its piece (for the gauge), and since when.
+    // The job on the lane: the tokens it will have left after its piece (for the gauge), and how long the
+    // short passes since it went out have kept it paused.
     let mut away: Option<usize> = None;
-    let mut away_since = Instant::now();
+    let mut paused = Duration::ZERO;
     // The last round could run nothing (only long work, the lane busy): wait for news.
     let mut blocked = false;
     loop {
@@ -618,7 +621,7 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
         {
             let e = jobs.swap_remove(i);
             away = Some(cands[i].need.remaining.saturating_sub(tokens));
-            away_since = now;
+            paused = Duration::ZERO;
             tracing::debug!(seq = e.seq, tokens, "long piece to the lane");
             if let Err(std::sync::mpsc::SendError((e, _))) = tx.send((e, tokens)) {
                 away = None;
@@ -646,11 +649,9 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
         } else {
             sched::plan(&cands, &policy, target)
         };
-        // A lane piece out longer than `LANE_STARVE` (or `solo_piece`, if shorter) because short passes
-        // back to back kept it paused gets the machine: no short pass starts until it is back, so long work
-        // never starves.
-        let lane_starved =
-            away.is_some() && now.duration_since(away_since) > policy.solo_piece.min(LANE_STARVE);
+        // A lane piece that short passes have kept paused for longer than `LANE_STARVE` (or `solo_piece`,
+        // if shorter) gets the machine: no short pass starts until it is back, so long work never starves.
+        let lane_starved = away.is_some() && paused > policy.solo_piece.min(LANE_STARVE);
         let mut granted: Vec<Option<usize>> = vec![None; jobs.len()];
         for &(i, tokens) in plan.grants.iter().filter(|_| !lane_starved) {
             if start_part(&shared, &mut jobs[i], now) {
@@ -693,6 +694,9 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
             }
         };
         let took = started.elapsed();
+        if away.is_some() {
+            paused += took;
+        }
         // Per pass, at debug level: what ran and how long it took (`KEV_LOG=kev_server=debug`), the
         // first thing to read when a short request's latency beside long work is off.
         tracing::debug!(

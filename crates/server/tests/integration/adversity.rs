@@ -570,12 +570,12 @@ fn with_the_long_lane_a_short_request_never_waits_for_a_long_piece() {
 }
 
 #[test]
-fn a_lane_piece_out_past_solo_piece_holds_short_passes_until_it_is_back() {
-    // Long work never starves: a lane piece out longer than `solo_piece` (short passes kept it paused)
-    // gets the machine; short requests then wait for it.
+fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
+    // Long work never starves: a lane piece that short passes have kept paused for longer than `solo_piece`
+    // (their own time, not the time since it went out) gets the machine; short requests then wait for it.
     let config = ServerConfig {
         pass_tokens: 512,
-        solo_piece: Duration::from_millis(300),
+        solo_piece: Duration::from_millis(400),
         ..ServerConfig::default()
     };
     let stub = Arc::new(Stub::new(Duration::from_millis(1)));
@@ -585,26 +585,29 @@ fn a_lane_piece_out_past_solo_piece_holds_short_passes_until_it_is_back() {
     let long = std::thread::spawn(move || {
         send(
             agent().post(&url).set("content-type", "application/json"),
-            &body_unit("long", 1500, false, 1500),
+            &body_unit("long", 2000, false, 2000),
         )
         .0
     });
-    // Before `solo_piece`: a short request runs beside the piece.
-    std::thread::sleep(Duration::from_millis(100));
-    let t = Instant::now();
-    assert_eq!(post(&r, &body("early", 10, false)).0, 200);
-    assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        t.elapsed()
-    );
-    // Past it: the next short request waits for the piece (1.5 s from the start).
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(post(&r, &body("late", 10, false)).0, 200);
+    // Well past `solo_piece` since the 2 s piece went out, but never paused: two 250 ms short passes run
+    // beside it. After the first it has been paused 250 ms, under `solo_piece`; after the second 500 ms,
+    // over it.
+    std::thread::sleep(Duration::from_millis(600));
+    for name in ["first", "second"] {
+        let t = Instant::now();
+        assert_eq!(post(&r, &body(name, 250, true)).0, 200);
+        assert!(
+            t.elapsed() < Duration::from_millis(800),
+            "the {name} short request waited for the long piece: {:?}",
+            t.elapsed()
+        );
+    }
+    // The next short request (sent about 1.1 s from the start) waits for the piece (back 2 s from it).
+    assert_eq!(post(&r, &body("late", 10, true)).0, 200);
     let done = t0.elapsed();
     assert!(
-        done > Duration::from_millis(1400),
-        "a short request past solo_piece finished at {done:?}, before the long piece"
+        done > Duration::from_millis(1800),
+        "a short request past solo_piece of pauses finished at {done:?}, before the long piece"
     );
     assert_eq!(long.join().unwrap(), 200);
 }
@@ -613,7 +616,9 @@ fn a_lane_piece_out_past_solo_piece_holds_short_passes_until_it_is_back() {
 fn short_requests_with_a_short_deadline_start_while_a_long_piece_runs() {
     // After a quiet spell a long state's pieces may be long (here one indivisible 1.2 s unit); with a 500 ms
     // queue deadline, 30 short requests arriving together during it must all start (the lane runs the long
-    // piece beside them), not all get 529.
+    // piece beside them), not all get 529. Their few milliseconds of passes are far from a starved piece's
+    // `solo_piece` (250 ms here, half the deadline), however late into the piece a loaded machine lets them
+    // arrive.
     let config = ServerConfig {
         pass_tokens: 512,
         queue_deadline: Duration::from_millis(500),
