@@ -9,9 +9,13 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
 
 static FOREGROUND: AtomicUsize = AtomicUsize::new(0);
+/// Where paused background threads sleep until the last foreground guard is dropped. A sleep, not a
+/// poll: a background thread that woke every few microseconds to look would take the foreground's
+/// cores from it each time unless the OS ranked it below everything (`SCHED_IDLE`).
+static RESUMED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 
 thread_local! {
     static BACKGROUND: Cell<bool> = const { Cell::new(false) };
@@ -36,7 +40,12 @@ impl Foreground {
 
 impl Drop for Foreground {
     fn drop(&mut self) {
-        FOREGROUND.fetch_sub(1, Ordering::SeqCst);
+        if FOREGROUND.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Taking the lock orders this wake after any waiter's check of the count (it checks and
+            // sleeps holding the lock), so no waiter misses it.
+            let _held = RESUMED.0.lock().unwrap_or_else(|p| p.into_inner());
+            RESUMED.1.notify_all();
+        }
     }
 }
 
@@ -46,8 +55,9 @@ pub(crate) fn yield_point() {
     if FOREGROUND.load(Ordering::Relaxed) == 0 || !BACKGROUND.with(Cell::get) {
         return;
     }
-    while FOREGROUND.load(Ordering::Acquire) > 0 {
-        std::thread::sleep(Duration::from_micros(50));
+    let mut held = RESUMED.0.lock().unwrap_or_else(|p| p.into_inner());
+    while FOREGROUND.load(Ordering::SeqCst) > 0 {
+        held = RESUMED.1.wait(held).unwrap_or_else(|p| p.into_inner());
     }
 }
 
@@ -56,6 +66,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
 
     #[test]
     fn a_background_thread_waits_at_a_safe_point_while_foreground_work_runs() {
@@ -77,5 +88,41 @@ mod tests {
         drop(fg);
         bg.join().unwrap();
         assert!(passed.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn no_background_thread_sleeps_on_after_the_last_foreground_guard_is_dropped() {
+        // Guards come and go while background threads pass safe points: a wake lost between a waiter's
+        // check and its sleep would leave one asleep for good.
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    mark_background();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        yield_point();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        for _ in 0..20_000 {
+            let fg = Foreground::enter();
+            std::hint::spin_loop();
+            drop(fg);
+        }
+        stop.store(true, Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let passed: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+            let _ = tx.send(passed);
+        });
+        let passed = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a background thread still sleeps with no foreground work");
+        assert!(passed.iter().all(|&n| n > 0), "{passed:?}");
     }
 }
