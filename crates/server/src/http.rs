@@ -425,6 +425,8 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: Heade
     metrics::counter!("kev_queue_abandoned_total").absolute(q.abandoned.load(Relaxed));
     metrics::counter!("kev_engine_cancelled_total").absolute(q.cancelled.load(Relaxed));
     metrics::counter!("kev_engine_partial_pieces_total").absolute(q.partial_pieces.load(Relaxed));
+    metrics::counter!("kev_engine_lane_holds_released_total")
+        .absolute(q.lane_holds_released.load(Relaxed));
     metrics::counter!("kev_engine_scheduled_passes_total").absolute(q.passes.load(Relaxed));
     metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
     metrics::gauge!("kev_queue_capacity").set(app.queue.capacity() as f64);

@@ -44,6 +44,7 @@ use serde_json::Value;
 pub use error::ApiError;
 pub use http::router;
 pub use kev_decide::{Need, Stats, Step};
+pub use queue::LongLane;
 
 /// A job the decider accepted, with the token count the queue budgets passes by.
 pub struct Admission<J> {
@@ -178,9 +179,10 @@ pub struct ServerConfig {
     /// Longest piece of long work when no short work was seen lately (see [`sched`]).
     pub solo_piece: Duration,
     /// Long work runs on a lane of its own at a low priority, beside the short passes (a short request
-    /// never waits for a long piece, however deep in its state); `false` makes them take turns on the one
-    /// engine thread (`--long-lane off`).
-    pub long_lane: bool,
+    /// never waits for a long piece, however deep in its state; [`LongLane::On`], the default, or
+    /// [`LongLane::Low`] on a shared host); [`LongLane::Off`] makes them take turns on the one engine
+    /// thread.
+    pub long_lane: LongLane,
     /// Requests parsed and tokenized at once (admission permits; about the number of cores).
     pub admit_permits: usize,
     /// Open connections at most; further connections wait in the listen backlog.
@@ -223,7 +225,7 @@ impl Default for ServerConfig {
             starve_passes: 4,
             long_in_flight: 2,
             solo_piece: Duration::from_secs(2),
-            long_lane: true,
+            long_lane: LongLane::On,
             admit_permits: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_connections: 1024,
             header_read_timeout: Duration::from_secs(10),

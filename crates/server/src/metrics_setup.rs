@@ -103,6 +103,10 @@ fn describe() {
         "Passes that advanced long work by a piece (a state chunk or some of many rows)"
     );
     describe_counter!(
+        "kev_engine_lane_holds_released_total",
+        "Times short passes stepped aside for a starved long-lane piece that was still not back 2 s later (other processes holding the lane's cores)"
+    );
+    describe_counter!(
         "kev_engine_scheduled_passes_total",
         "Passes the scheduler ran"
     );

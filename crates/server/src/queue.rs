@@ -60,9 +60,25 @@ pub struct QueueConfig {
     pub deadline: Duration,
     /// The scheduler's policy.
     pub policy: Policy,
-    /// Run long work's pieces on a lane of their own, beside the short passes (see [`lane_loop`]);
-    /// without it they take turns with short passes on the one engine thread.
-    pub long_lane: bool,
+    /// Where long work's pieces run: on a lane of their own beside the short passes (see [`lane_loop`]),
+    /// or in turns with short passes on the one engine thread.
+    pub long_lane: LongLane,
+}
+
+/// Where long work runs (`--long-lane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LongLane {
+    /// In turns with short passes on the one engine thread.
+    Off,
+    /// On a lane of its own beside the short passes, its threads at the lowest OS priority
+    /// (`SCHED_IDLE`): short requests beside long work are fastest this way, but long work stops for as
+    /// long as anything else in its scheduling group keeps every core busy.
+    #[default]
+    On,
+    /// As [`LongLane::On`], its threads at nice 10: below kev's own threads and anything else at the
+    /// default priority, but keeping a share of a busy host (a tenth of a busy thread's), for a host kev
+    /// shares with other work.
+    Low,
 }
 
 /// Counters and gauges the metrics endpoint reads.
@@ -82,6 +98,9 @@ pub struct QueueStats {
     pub passes: AtomicU64,
     /// Partial pieces run (long work cut between other requests' passes).
     pub partial_pieces: AtomicU64,
+    /// Times short passes were held for a starved lane piece for [`LANE_HOLD`] and let go again because it
+    /// was still not back (the host's other work holding the lane's cores).
+    pub lane_holds_released: AtomicU64,
     /// Jobs started and not finished.
     pub running: AtomicUsize,
     /// Tokens left over every admitted job (waiting and started), as of the last pass.
@@ -405,22 +424,46 @@ const LANE_PIECE: Duration = Duration::from_millis(250);
 /// starved, and the short requests arriving meanwhile still run beside it.
 const LANE_STARVE: Duration = Duration::from_secs(1);
 
-/// Make the calling thread a lane thread: the OS runs it only on a core nothing else wants
-/// (`SCHED_IDLE`; nice 19 where that is refused), and the engine pauses it at safe points while a short
-/// pass runs ([`kev_engine::background`]). Measured on 2 cores beside a 62,000-token state: nice 10
-/// alone left short requests' p99 at 9× idle (the lane thread took each core a short pass's thread
-/// left for a moment, and streamed the state's keys through the caches meanwhile).
-fn lower_priority() {
+/// The longest short passes are held for a starved lane piece ([`LANE_STARVE`]). A piece that is not back
+/// after this long with kev's cores to itself is held by something outside kev (the lane's low OS
+/// priority yields to every busy thread of its scheduling group, not only to kev's own), and holding
+/// short requests longer would not bring it back sooner: they run again, and the guard may hold them once
+/// more after another [`LANE_STARVE`] of their passes.
+const LANE_HOLD: Duration = Duration::from_secs(2);
+
+/// Make the calling thread a lane thread: the OS runs it below kev's other threads ([`LongLane`]), and the
+/// engine pauses it at safe points while a short pass runs ([`kev_engine::background`]).
+///
+/// Measured on 2 cores beside a 62,000-token state (docs/results/server.md): the pauses do most of the
+/// work, the OS priority the rest (the lane would otherwise take a core whenever a short request's thread
+/// waits a moment): short requests' p99 8.6–9.5 ms with `SCHED_IDLE`, 13–19 ms at nice 10. But with three
+/// CPU-bound processes beside the server a 5,900-token state made no progress in 80 s at `SCHED_IDLE`,
+/// and took 8–10 s at nice 10.
+fn lower_priority(lane: LongLane) {
     kev_engine::background::mark_background();
+    #[cfg(not(target_os = "linux"))]
+    let _ = lane;
     #[cfg(target_os = "linux")]
     // SAFETY: scheduling calls on the calling thread (id 0 / its own id); `param` outlives the call.
     unsafe {
-        let param = libc::sched_param { sched_priority: 0 };
-        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
-            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+        let tid = libc::gettid() as libc::id_t;
+        match lane {
+            LongLane::Low => {
+                libc::setpriority(libc::PRIO_PROCESS, tid, LOW_LANE_NICE);
+            }
+            LongLane::On | LongLane::Off => {
+                let param = libc::sched_param { sched_priority: 0 };
+                if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+                    libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+                }
+            }
         }
     }
 }
+
+/// The lane's nice value under [`LongLane::Low`]: a tenth of a default-priority thread's weight.
+#[cfg(target_os = "linux")]
+const LOW_LANE_NICE: libc::c_int = 10;
 
 /// The long lane: one piece of long work at a time, on a thread pool of its own at a low priority, while
 /// the engine thread keeps running short passes. A short request then never waits for a long piece to
@@ -432,11 +475,12 @@ fn lane_loop<D: Decider>(
     shared: Arc<Shared<D::Job>>,
     rx: std::sync::mpsc::Receiver<(Entry<D::Job>, usize)>,
 ) {
-    lower_priority();
+    let priority = shared.config.long_lane;
+    lower_priority(priority);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(rayon::current_num_threads())
         .thread_name(|i| format!("kev-long-{i}"))
-        .start_handler(|_| lower_priority())
+        .start_handler(move |_| lower_priority(priority))
         .build();
     if let Err(e) = &pool {
         tracing::warn!(error = %e, "the long lane runs on the engine's threads");
@@ -541,7 +585,7 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
     let mut slice: Option<(Duration, Instant)> = None;
     let stats = &shared.stats;
     let policy = shared.config.policy;
-    let lane = shared.config.long_lane.then(|| {
+    let lane = (shared.config.long_lane != LongLane::Off).then(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         let (d, s) = (Arc::clone(&decider), Arc::clone(&shared));
         let handle = std::thread::Builder::new()
@@ -554,6 +598,8 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
     // short passes since it went out have kept it paused.
     let mut away: Option<usize> = None;
     let mut paused = Duration::ZERO;
+    // Since when short passes have been held for it (the guard below).
+    let mut held_since: Option<Instant> = None;
     // The last round could run nothing (only long work, the lane busy): wait for news.
     let mut blocked = false;
     loop {
@@ -651,7 +697,18 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
         };
         // A lane piece that short passes have kept paused for longer than `LANE_STARVE` (or `solo_piece`,
         // if shorter) gets the machine: no short pass starts until it is back, so long work never starves.
-        let lane_starved = away.is_some() && paused > policy.solo_piece.min(LANE_STARVE);
+        let mut lane_starved = away.is_some() && paused > policy.solo_piece.min(LANE_STARVE);
+        if !lane_starved {
+            held_since = None;
+        } else if now.duration_since(*held_since.get_or_insert(now)) > LANE_HOLD {
+            tracing::info!(
+                "a long piece was not back {} s after short requests stepped aside for it: the host's \
+                 other work holds the long lane's cores (see --long-lane low)",
+                LANE_HOLD.as_secs()
+            );
+            stats.lane_holds_released.fetch_add(1, Ordering::Relaxed);
+            (lane_starved, paused, held_since) = (false, Duration::ZERO, None);
+        }
         let mut granted: Vec<Option<usize>> = vec![None; jobs.len()];
         for &(i, tokens) in plan.grants.iter().filter(|_| !lane_starved) {
             if start_part(&shared, &mut jobs[i], now) {
@@ -865,4 +922,39 @@ fn publish<D: Decider>(shared: &Shared<D::Job>, decider: &D, jobs: &[Entry<D::Jo
         .stats
         .inflight_tokens
         .store((tokens + away) as u64, Ordering::Relaxed);
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The scheduling policy and nice value of a fresh thread after `lower_priority(lane)`.
+    fn lowered(lane: LongLane) -> (libc::c_int, libc::c_int) {
+        std::thread::spawn(move || {
+            lower_priority(lane);
+            // SAFETY: queries of the calling thread.
+            unsafe {
+                (
+                    libc::sched_getscheduler(0),
+                    libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t),
+                )
+            }
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn the_lane_runs_at_sched_idle_by_default_and_at_nice_10_when_asked() {
+        assert_eq!(LongLane::default(), LongLane::On);
+        let (policy, nice) = lowered(LongLane::On);
+        // SCHED_IDLE, or nice 19 where the OS refuses it.
+        assert!(
+            policy == libc::SCHED_IDLE || nice == 19,
+            "default lane: policy {policy}, nice {nice}"
+        );
+        let (policy, nice) = lowered(LongLane::Low);
+        assert_eq!(policy, libc::SCHED_OTHER, "the low lane left SCHED_OTHER");
+        assert_eq!(nice, LOW_LANE_NICE);
+    }
 }

@@ -41,9 +41,11 @@ pub struct Args {
     /// Longest a request may wait in the queue before it is answered 529 (milliseconds).
     #[arg(long, env = "KEV_QUEUE_DEADLINE_MS", default_value_t = 60_000)]
     queue_deadline_ms: u64,
-    /// Run long work (a state longer than a pass) on a lane of its own at a low priority, beside the
-    /// short requests' passes (`on`), or in turns with them on the one engine thread (`off`).
-    #[arg(long, env = "KEV_LONG_LANE", default_value = "on", value_parser = ["on", "off"])]
+    /// Run long work (a state longer than a pass) on a lane of its own at the lowest OS priority,
+    /// `SCHED_IDLE`, beside the short requests' passes (`on`); the same at nice 10 (`low`: for a host
+    /// shared with other busy processes, where `on` stops long work while they keep every core busy); or
+    /// in turns with short passes on the one engine thread (`off`).
+    #[arg(long, env = "KEV_LONG_LANE", default_value = "on", value_parser = ["on", "low", "off"])]
     long_lane: String,
     /// Largest request body accepted, after decompression (bytes).
     #[arg(long, env = "KEV_MAX_BODY", default_value_t = 8 << 20)]
@@ -129,7 +131,11 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         queue_depth: args.queue_depth.max(1),
         queue_deadline: Duration::from_millis(args.queue_deadline_ms),
         pass_tokens: kev.settings().pass_tokens,
-        long_lane: args.long_lane == "on",
+        long_lane: match args.long_lane.as_str() {
+            "low" => kev_server::LongLane::Low,
+            "off" => kev_server::LongLane::Off,
+            _ => kev_server::LongLane::On,
+        },
         max_body: args.max_body,
         request_timeout: Duration::from_secs(args.request_timeout_s.max(1)),
         model_names: names,

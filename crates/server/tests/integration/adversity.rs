@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kev_server::ServerConfig;
+use kev_server::{LongLane, ServerConfig};
 use serde_json::{Value, json};
 use support::{Running, Stub, agent, json_of, send};
 
@@ -519,7 +519,7 @@ fn oversized_heads_get_json_answers_below_hypers_own_limits() {
 }
 
 /// Short requests' worst latency while a long request (pieces of `unit` tokens at 1 ms each) is in flight.
-fn worst_short_beside_long(long_lane: bool, unit: usize) -> (Duration, Duration) {
+fn worst_short_beside_long(long_lane: LongLane, unit: usize) -> (Duration, Duration) {
     let config = ServerConfig {
         pass_tokens: 512,
         long_lane,
@@ -552,7 +552,7 @@ fn worst_short_beside_long(long_lane: bool, unit: usize) -> (Duration, Duration)
 #[test]
 fn with_the_long_lane_a_short_request_never_waits_for_a_long_piece() {
     // Every piece of the long request is one indivisible 400 ms unit (a piece deep in a long state).
-    let (lane, long_took) = worst_short_beside_long(true, 400);
+    let (lane, long_took) = worst_short_beside_long(LongLane::On, 400);
     assert!(
         long_took > Duration::from_millis(1200),
         "the long request ran in {long_took:?}: the test did not overlap"
@@ -562,7 +562,7 @@ fn with_the_long_lane_a_short_request_never_waits_for_a_long_piece() {
         "a short request beside a long lane piece took {lane:?}"
     );
     // Without the lane a short request arriving during a piece waits for its end.
-    let (turns, _) = worst_short_beside_long(false, 400);
+    let (turns, _) = worst_short_beside_long(LongLane::Off, 400);
     assert!(
         turns > Duration::from_millis(200),
         "without the lane the worst short request took only {turns:?}: the test cannot tell"
@@ -608,6 +608,46 @@ fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
     assert!(
         done > Duration::from_millis(1800),
         "a short request past solo_piece of pauses finished at {done:?}, before the long piece"
+    );
+    assert_eq!(long.join().unwrap(), 200);
+}
+
+#[test]
+fn short_passes_held_for_a_lane_piece_go_again_if_it_is_not_back_after_lane_hold() {
+    // A lane piece the host keeps from running (here simply a 5 s unit): short passes step aside for it
+    // once they have kept it paused past `solo_piece`, but only for LANE_HOLD (2 s), not until it is back.
+    let config = ServerConfig {
+        pass_tokens: 512,
+        solo_piece: Duration::from_millis(400),
+        ..ServerConfig::default()
+    };
+    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
+    let r = start(config, Arc::clone(&stub));
+    let url = r.url("/v1/systemone");
+    let t0 = Instant::now();
+    let long = std::thread::spawn(move || {
+        send(
+            agent().post(&url).set("content-type", "application/json"),
+            &body_unit("long", 5000, false, 5000),
+        )
+        .0
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    for name in ["first", "second"] {
+        assert_eq!(post(&r, &body(name, 250, true)).0, 200);
+    }
+    // Sent about 1.1 s from the start: held from then on, let go 2 s later, well before the piece is back
+    // (5 s from the start).
+    let sent = t0.elapsed();
+    assert_eq!(post(&r, &body("late", 10, true)).0, 200);
+    let done = t0.elapsed();
+    assert!(
+        done > sent + Duration::from_millis(1500),
+        "sent at {sent:?}, answered at {done:?}: the short request was not held for the starved piece"
+    );
+    assert!(
+        done < Duration::from_millis(4500),
+        "sent at {sent:?}, answered at {done:?}: held until the piece was back"
     );
     assert_eq!(long.join().unwrap(), 200);
 }
