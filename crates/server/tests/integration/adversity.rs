@@ -569,10 +569,13 @@ fn with_the_long_lane_a_short_request_never_waits_for_a_long_piece() {
     );
 }
 
-#[test]
-fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
-    // Long work never starves: a lane piece that short passes have kept paused for longer than `solo_piece`
-    // (their own time, not the time since it went out) gets the machine; short requests then wait for it.
+/// A server with `solo_piece` 400 ms and one long request of a single `piece_ms` unit on the lane; 600 ms
+/// in, two 250 ms short passes run beside the piece (each asserted to start at once), which leaves it
+/// paused 500 ms — over `solo_piece`, so the starvation guard holds the next short pass. Returns the
+/// server, when the long request was sent, and its status.
+fn lane_piece_paused_past_solo_piece(
+    piece_ms: usize,
+) -> (Running, Instant, std::thread::JoinHandle<u16>) {
     let config = ServerConfig {
         pass_tokens: 512,
         solo_piece: Duration::from_millis(400),
@@ -585,13 +588,12 @@ fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
     let long = std::thread::spawn(move || {
         send(
             agent().post(&url).set("content-type", "application/json"),
-            &body_unit("long", 2000, false, 2000),
+            &body_unit("long", piece_ms, false, piece_ms),
         )
         .0
     });
-    // Well past `solo_piece` since the 2 s piece went out, but never paused: two 250 ms short passes run
-    // beside it. After the first it has been paused 250 ms, under `solo_piece`; after the second 500 ms,
-    // over it.
+    // Well past `solo_piece` since the piece went out, but never paused: after the first short pass it has
+    // been paused 250 ms, under `solo_piece`; after the second 500 ms, over it.
     std::thread::sleep(Duration::from_millis(600));
     for name in ["first", "second"] {
         let t = Instant::now();
@@ -602,6 +604,14 @@ fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
             t.elapsed()
         );
     }
+    (r, t0, long)
+}
+
+#[test]
+fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
+    // Long work never starves: a lane piece that short passes have kept paused for longer than `solo_piece`
+    // (their own time, not the time since it went out) gets the machine; short requests then wait for it.
+    let (r, t0, long) = lane_piece_paused_past_solo_piece(2000);
     // The next short request (sent about 1.1 s from the start) waits for the piece (back 2 s from it).
     assert_eq!(post(&r, &body("late", 10, true)).0, 200);
     let done = t0.elapsed();
@@ -614,28 +624,9 @@ fn a_lane_piece_paused_past_solo_piece_holds_short_passes_until_it_is_back() {
 
 #[test]
 fn short_passes_held_for_a_lane_piece_go_again_if_it_is_not_back_after_lane_hold() {
-    // A lane piece the host keeps from running (here simply a 5 s unit): short passes step aside for it
-    // once they have kept it paused past `solo_piece`, but only for LANE_HOLD (2 s), not until it is back.
-    let config = ServerConfig {
-        pass_tokens: 512,
-        solo_piece: Duration::from_millis(400),
-        ..ServerConfig::default()
-    };
-    let stub = Arc::new(Stub::new(Duration::from_millis(1)));
-    let r = start(config, Arc::clone(&stub));
-    let url = r.url("/v1/systemone");
-    let t0 = Instant::now();
-    let long = std::thread::spawn(move || {
-        send(
-            agent().post(&url).set("content-type", "application/json"),
-            &body_unit("long", 5000, false, 5000),
-        )
-        .0
-    });
-    std::thread::sleep(Duration::from_millis(600));
-    for name in ["first", "second"] {
-        assert_eq!(post(&r, &body(name, 250, true)).0, 200);
-    }
+    // A lane piece the host keeps from running (here simply a 5 s unit): short passes step aside for it,
+    // but only for LANE_HOLD (2 s), not until it is back.
+    let (r, t0, long) = lane_piece_paused_past_solo_piece(5000);
     // Sent about 1.1 s from the start: held from then on, let go 2 s later, well before the piece is back
     // (5 s from the start).
     let sent = t0.elapsed();
