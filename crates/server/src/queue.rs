@@ -696,7 +696,8 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
             sched::plan(&cands, &policy, target)
         };
         // A lane piece that short passes have kept paused for longer than `LANE_STARVE` (or `solo_piece`,
-        // if shorter) gets the machine: no short pass starts until it is back, so long work never starves.
+        // if shorter) gets the machine: no short pass starts until it is back (or `LANE_HOLD` has passed),
+        // so long work never starves behind kev's own short requests.
         let mut lane_starved = away.is_some() && paused > policy.solo_piece.min(LANE_STARVE);
         if !lane_starved {
             held_since = None;
