@@ -16,7 +16,9 @@ use std::time::Instant;
 use anyhow::Context;
 use kev_engine::kernels::peak::process_cpu_seconds;
 use kev_engine::kernels::{Isa, peak};
-use kev_engine::{Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config, memory};
+use kev_engine::{
+    Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config, Stage, StageTimes, memory,
+};
 use serde::Serialize;
 
 use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, Quant, TorchDtype};
@@ -73,6 +75,48 @@ struct RowResult {
     gflops: f64,
     peak_share: Option<f64>,
     peak_rss_gib: Option<f64>,
+    /// Where the timed runs' wall time went, their mean.
+    stages: Stages,
+}
+
+/// Seconds per stage of the forward (`kev_engine::stages`), the mean of the timed runs.
+#[derive(Serialize, Clone, Copy, Debug, Default)]
+struct Stages {
+    projections_s: f64,
+    gdn_s: f64,
+    attention_s: f64,
+    norms_s: f64,
+    other_s: f64,
+    /// Everything but the projections: the time the compute arms spend alike (all f32).
+    outside_projections_s: f64,
+}
+
+impl Stages {
+    fn of(t: &StageTimes) -> Self {
+        Stages {
+            projections_s: t.get(Stage::Projections),
+            gdn_s: t.get(Stage::Gdn),
+            attention_s: t.get(Stage::Attention),
+            norms_s: t.get(Stage::Norms),
+            other_s: t.get(Stage::Other),
+            outside_projections_s: t.outside_projections(),
+        }
+    }
+
+    fn total_s(&self) -> f64 {
+        self.projections_s + self.outside_projections_s
+    }
+
+    /// The stages in report order: (name, seconds).
+    fn each(&self) -> [(&'static str, f64); 5] {
+        [
+            ("projections", self.projections_s),
+            ("gdn", self.gdn_s),
+            ("attention", self.attention_s),
+            ("norms", self.norms_s),
+            ("other", self.other_s),
+        ]
+    }
 }
 
 /// One peer's timing of one row length, with the rates computed from our FLOP count of the same row.
@@ -252,22 +296,26 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
             let gflop = cfg.prefill_flops(n) / 1e9;
             for &arm in &arms_now {
-                let once = || -> anyhow::Result<(f64, f64)> {
+                // The stage clock reads the time a few hundred times a forward: nothing beside seconds.
+                let once = |stages: &mut StageTimes| -> anyhow::Result<(f64, f64)> {
                     let mut st = model.new_state();
                     let c0 = process_cpu_seconds();
                     let t = Instant::now();
-                    let h = model.forward(arm, &mut st, toks, &[n - 1])?;
+                    let h = model.forward_timed(arm, &mut st, toks, &[n - 1], stages)?;
                     let dt = t.elapsed().as_secs_f64();
                     let cpu = process_cpu_seconds() - c0;
                     anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
                     Ok((dt, cpu))
                 };
                 for _ in 0..a.warmup {
-                    once()?;
+                    once(&mut StageTimes::default())?;
                 }
-                let timed: Vec<(f64, f64)> = (0..a.reps.max(1))
-                    .map(|_| once())
+                let reps = a.reps.max(1);
+                let mut stage_sum = StageTimes::default();
+                let timed: Vec<(f64, f64)> = (0..reps)
+                    .map(|_| once(&mut stage_sum))
                     .collect::<anyhow::Result<_>>()?;
+                let stages = Stages::of(&stage_sum.mean_of(reps));
                 let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
                 let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
                 let med = median(&runs).unwrap_or(f64::NAN);
@@ -285,9 +333,10 @@ pub fn run(a: Options) -> anyhow::Result<()> {
                     share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops)
                 };
                 eprintln!(
-                    "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s)",
+                    "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s); outside the projections {:.0} %",
                     arm.name(),
-                    cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}"))
+                    cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}")),
+                    100.0 * stages.outside_projections_s / stages.total_s().max(f64::MIN_POSITIVE)
                 );
                 rows.push(RowResult {
                     arm: arm.name(),
@@ -300,6 +349,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
                     gflops,
                     peak_share,
                     peak_rss_gib: gib(memory::peak_resident_bytes()),
+                    stages,
                 });
             }
         }
@@ -551,6 +601,7 @@ fn print_table(r: &BackboneReport, lengths: &[usize], isa: Isa) {
             }
         }
     }
+    print_stages(&r.rows, lengths);
     // One column per pair this run timed.
     let pairs: Vec<(&str, &str)> = PAIRS
         .into_iter()
@@ -589,6 +640,34 @@ fn print_table(r: &BackboneReport, lengths: &[usize], isa: Isa) {
             isa.name(),
             isa_bars(isa).source
         );
+    }
+}
+
+/// Where each arm's forward spent its time: seconds and share per stage, the mean of the timed runs.
+fn print_stages(rows: &[RowResult], lengths: &[usize]) {
+    println!();
+    println!(
+        "where the time goes (mean of the timed runs; projections = the GEMMs with their fused quantisation):"
+    );
+    let heads: Vec<&str> = Stages::default().each().map(|(n, _)| n).to_vec();
+    println!(
+        "| arm | tokens | {} | outside the projections |",
+        heads.join(" | ")
+    );
+    println!("| --- | ---: |{}", " ---: |".repeat(heads.len() + 1));
+    for &n in lengths {
+        for row in rows.iter().filter(|x| x.tokens == n) {
+            let st = &row.stages;
+            let total = st.total_s().max(f64::MIN_POSITIVE);
+            let cell = |s: f64| format!(" {} ({:.0} %) |", secs(s), 100.0 * s / total);
+            let cells: String = st.each().iter().map(|&(_, s)| cell(s)).collect();
+            println!(
+                "| {} | {} |{cells}{}",
+                row.arm,
+                row.tokens,
+                cell(st.outside_projections_s)
+            );
+        }
     }
 }
 

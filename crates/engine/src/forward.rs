@@ -17,6 +17,7 @@ use crate::gdn::{self, GdnCall};
 use crate::kernels::{Arm, Kernels, Rows, RowsMut, Run, math, wide};
 use crate::model::{Backbone, Mixer};
 use crate::scratch::{Workspace, grow};
+use crate::stages::{Clock, Stage, StageTimes};
 use crate::state::{GdnState, LayerState, State};
 
 /// One row of a batched forward: a state to continue (advanced in place), its new tokens, and the
@@ -159,6 +160,7 @@ impl Backbone {
         m: usize,
         x: &mut [f32],
         bufs: MlpBufs<'_>,
+        clock: &mut Clock<'_>,
     ) {
         let MlpBufs { hn, gu, act, out } = bufs;
         let (kern, h, im) = (self.kern, self.cfg.hidden_size, self.cfg.intermediate_size);
@@ -167,6 +169,7 @@ impl Backbone {
         let layer = &self.layers[li];
         let (x, hn) = (&mut x[..m * h], &mut hn[..m * h]);
         rms_norm_rows(kern, x, &layer.post_norm, self.cfg.rms_norm_eps, hn);
+        clock.mark(Stage::Norms);
         let mut r0 = 0;
         while r0 < m {
             let rows = (m - r0).min(MLP_ROWS);
@@ -185,12 +188,14 @@ impl Backbone {
                     ld: ldg,
                 },
             );
+            clock.mark(Stage::Projections);
             act[..rows * lda]
                 .par_chunks_mut(lda)
                 .zip(gu.par_chunks(ldg))
                 .for_each(|(a, g)| {
                     crate::kernels::math::swiglu(kern, &g[..im], &g[im..2 * im], &mut a[..im]);
                 });
+            clock.mark(Stage::Other);
             layer.down.apply(
                 run,
                 observer,
@@ -205,9 +210,11 @@ impl Backbone {
                     ld: h,
                 },
             );
+            clock.mark(Stage::Projections);
             r0 += rows;
         }
         add_rows(x, &out[..m * h]);
+        clock.mark(Stage::Other);
     }
 
     /// A fresh state (position 0) for this model.
@@ -236,6 +243,28 @@ impl Backbone {
             .unwrap_or_default())
     }
 
+    /// [`Backbone::forward`], its wall time added to `times` stage by stage (the stages add up to the
+    /// whole call; the results are the same bits).
+    pub fn forward_timed(
+        &self,
+        arm: Arm,
+        state: &mut State,
+        tokens: &[u32],
+        wanted: &[usize],
+        times: &mut StageTimes,
+    ) -> Result<Vec<f32>, EngineError> {
+        let mut rows = [BatchRow {
+            state,
+            tokens,
+            wanted,
+            adapter: 0,
+        }];
+        Ok(self
+            .run_batch(arm, &mut rows, None, Clock::new(Some(times)))?
+            .pop()
+            .unwrap_or_default())
+    }
+
     /// Run several rows at once (each from its own state) and return each row's wanted hidden states.
     /// Inputs are checked first; on error no state is changed.
     pub fn forward_batch(
@@ -253,6 +282,16 @@ impl Backbone {
         arm: Arm,
         rows: &mut [BatchRow<'_>],
         observer: Observe<'_>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.run_batch(arm, rows, observer, Clock::new(None))
+    }
+
+    fn run_batch(
+        &self,
+        arm: Arm,
+        rows: &mut [BatchRow<'_>],
+        observer: Observe<'_>,
+        mut clock: Clock<'_>,
     ) -> Result<Vec<Vec<f32>>, EngineError> {
         let cfg = &self.cfg;
         for r in rows.iter() {
@@ -326,9 +365,11 @@ impl Backbone {
             .for_each(|(row, &id)| {
                 self.embed.row(id as usize, h, row);
             });
+        clock.mark(Stage::Other);
 
         for (li, layer) in self.layers.iter().enumerate() {
             crate::background::yield_point();
+            clock.skip();
             rms_norm_rows(
                 kern,
                 &x[..tot * h],
@@ -336,6 +377,7 @@ impl Backbone {
                 eps,
                 &mut hn[..tot * h],
             );
+            clock.mark(Stage::Norms);
             let (oproj, cw) = match &layer.mixer {
                 Mixer::Gdn(g) => {
                     let ldp = g.in_proj.w.n();
@@ -353,6 +395,7 @@ impl Backbone {
                             ld: ldp,
                         },
                     );
+                    clock.mark(Stage::Projections);
                     let proj: &[f32] = proj;
                     let one = |r: &mut BatchRow<'_>,
                                (a, b): (usize, usize),
@@ -393,6 +436,7 @@ impl Backbone {
                         gdn_ws,
                         one,
                     );
+                    clock.mark(Stage::Gdn);
                     (&g.out_proj, vd)
                 }
                 Mixer::Attn(at) => {
@@ -411,6 +455,7 @@ impl Backbone {
                             ld: ldp,
                         },
                     );
+                    clock.mark(Stage::Projections);
                     let proj: &[f32] = proj;
                     let inv_freq = &self.inv_freq;
                     let one = |r: &mut BatchRow<'_>,
@@ -447,6 +492,7 @@ impl Backbone {
                         attn_ws,
                         one,
                     );
+                    clock.mark(Stage::Attention);
                     (&at.o_proj, qd)
                 }
             };
@@ -462,13 +508,16 @@ impl Backbone {
                     },
                     RowsMut { data: out, ld: h },
                 );
+                clock.mark(Stage::Projections);
                 add_rows(&mut x[..tot * h], &out[..tot * h]);
+                clock.mark(Stage::Other);
                 self.mlp(
                     (arm, observer, &slots),
                     li,
                     tot,
                     x,
                     MlpBufs { hn, gu, act, out },
+                    &mut clock,
                 );
             } else {
                 // Past the last mixer only the wanted positions matter: finish those rows alone
@@ -487,6 +536,7 @@ impl Backbone {
                     }
                 }
                 x[..ms * h].copy_from_slice(&hn[..ms * h]);
+                clock.mark(Stage::Other);
                 oproj.apply(
                     run,
                     observer,
@@ -498,13 +548,16 @@ impl Backbone {
                     },
                     RowsMut { data: out, ld: h },
                 );
+                clock.mark(Stage::Projections);
                 add_rows(&mut x[..ms * h], &out[..ms * h]);
+                clock.mark(Stage::Other);
                 self.mlp(
                     (arm, observer, &last_slots),
                     li,
                     ms,
                     x,
                     MlpBufs { hn, gu, act, out },
+                    &mut clock,
                 );
             }
         }
@@ -526,7 +579,9 @@ impl Backbone {
             next += n;
             result.push(o);
         }
+        clock.mark(Stage::Norms);
         self.pool.put(ws);
+        clock.mark(Stage::Other);
         Ok(result)
     }
 }

@@ -34,7 +34,20 @@ fn row(arm: &'static str, tokens: usize, median_s: f64, share: Option<f64>) -> R
         gflops: 1.0 / median_s,
         peak_share: share,
         peak_rss_gib: Some(8.0),
+        stages: Stages::default(),
     }
+}
+
+/// A row whose forward spent `outside` seconds outside its projections (in the GDN stage).
+fn row_outside(arm: &'static str, tokens: usize, median_s: f64, outside: f64) -> RowResult {
+    let mut r = row(arm, tokens, median_s, None);
+    r.stages = Stages {
+        projections_s: median_s - outside,
+        gdn_s: outside,
+        outside_projections_s: outside,
+        ..Stages::default()
+    };
+    r
 }
 
 fn peer(name: &'static str, timings: &[(usize, f64)]) -> PeerResult {
@@ -336,6 +349,30 @@ fn the_int8_ceiling_bar_needs_a_measured_ceiling() {
 }
 
 #[test]
+fn the_int8_forward_is_held_to_a_fifth_of_its_time_outside_the_projections_on_avx2() {
+    let outside = |rows: &[RowResult], isa| {
+        held(isa, None, rows, &[], &[])
+            .into_iter()
+            .filter(|x| x.what.contains("outside the projections"))
+            .collect::<Vec<_>>()
+    };
+    // 5.5 s of 30 s outside at 1,518 tokens: 18 % ≤ 20 %.
+    let rows = vec![
+        row_outside("int8", 94, 2.0, 1.0),
+        row_outside("int8", 1518, 30.0, 5.5),
+    ];
+    let b = outside(&rows, Isa::Avx2);
+    assert_eq!(b.len(), 1, "one bar, at 1,518 tokens: {b:?}");
+    assert!(b[0].met && (b[0].value - 5.5 / 30.0).abs() < 1e-12 && b[0].threshold == 0.20);
+    assert!(b[0].what.contains("5.500 s of 30.00 s"), "{}", b[0].what);
+    let rows = vec![row_outside("int8", 1518, 30.0, 6.5)];
+    assert!(!outside(&rows, Isa::Avx2)[0].met);
+    // No stages timed (figures from before the stage clock): no bar. Not on dot-product kernels.
+    assert!(outside(&[row("int8", 1518, 30.0, None)], Isa::Avx2).is_empty());
+    assert!(outside(&rows, Isa::Amx).is_empty());
+}
+
+#[test]
 fn int8_on_dot_products_is_held_to_our_best_float_arm() {
     let rows = vec![
         row("fp32", 94, 1.0, None),
@@ -356,6 +393,25 @@ fn int8_on_dot_products_is_held_to_our_best_float_arm() {
     assert!(int8[0].met && int8[0].threshold == 1.5);
     // fp32 alone at 1,518: 20 / 14 = 1.43 < 1.5.
     assert!(int8[1].what.contains("fp32 20.00 s") && !int8[1].met);
+    assert!(
+        !int8[1].what.contains("free"),
+        "no stages timed: no ceiling"
+    );
+    // With the stages timed the bar says what free int8 projections would reach: 20 s / 16 s outside = 1.25×.
+    let timed = vec![
+        row("fp32", 1518, 20.0, None),
+        row_outside("int8", 1518, 18.0, 16.0),
+    ];
+    let b = held(Isa::Amx, None, &timed, &[], &[]);
+    let w = &b
+        .iter()
+        .find(|x| x.what.starts_with("int8 vs"))
+        .unwrap()
+        .what;
+    assert!(
+        w.contains("(fp32 20.00 s, int8 18.00 s; 1.25× with free int8 projections)"),
+        "{w}"
+    );
     // Which bars an ISA gets: AVX-512 needs the VNNI flag; a CPU capped to AVX2 is held to the peers.
     let vnni = vec!["avx512f".to_string(), "avx512_vnni".to_string()];
     assert_eq!(int8_bars(Isa::Avx2, &vnni), Int8Bars::Peers);

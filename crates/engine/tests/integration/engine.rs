@@ -515,3 +515,47 @@ fn cpu_backend_runs_rows_through_the_trait() {
     assert!(got[0] == m.forward(Arm::Bf16, &mut s2, &toks, &[39]).unwrap());
     assert!(be.describe().contains("bf16"));
 }
+
+/// The timed forward gives the same bits as the plain one and its stages account for the call: every
+/// stage a forward runs got time, and together they are the call's wall time (a mark left out would show
+/// as a gap, one counted twice as an excess).
+#[test]
+fn a_timed_forward_gives_the_same_bits_and_its_stages_add_up_to_the_call() {
+    use kev_engine::{Stage, StageTimes};
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg();
+    write(dir.path(), &c, false);
+    let mut m = load(dir.path(), true);
+    m.prepare_int8();
+    let toks = tokens(150, c.vocab_size, 9);
+    let wanted = [3, 149];
+    for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
+        let want = m.forward(arm, &mut m.new_state(), &toks, &wanted).unwrap();
+        let mut times = StageTimes::default();
+        let mut st = m.new_state();
+        let t = std::time::Instant::now();
+        let got = m
+            .forward_timed(arm, &mut st, &toks, &wanted, &mut times)
+            .unwrap();
+        let wall = t.elapsed().as_secs_f64();
+        assert_eq!(got, want, "{arm:?}");
+        assert_eq!(st.position(), toks.len());
+        for s in Stage::ALL {
+            assert!(
+                times.get(s) > 0.0,
+                "{arm:?}: no time in {}: {times:?}",
+                s.name()
+            );
+        }
+        // The clock starts after the inputs are checked and stops before the call returns.
+        assert!(times.total() <= wall, "{arm:?}: {times:?} > {wall}");
+        assert!(times.total() > 0.9 * wall, "{arm:?}: {times:?} of {wall}");
+        let mut twice = times;
+        m.forward_timed(arm, &mut m.new_state(), &toks, &wanted, &mut twice)
+            .unwrap();
+        assert!(
+            twice.total() > times.total(),
+            "a second call adds to the times"
+        );
+    }
+}
