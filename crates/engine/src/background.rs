@@ -95,12 +95,15 @@ mod tests {
         // Guards come and go while background threads pass safe points: a wake lost between a waiter's
         // check and its sleep would leave one asleep for good.
         let stop = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let workers: Vec<_> = (0..3)
             .map(|_| {
-                let stop = Arc::clone(&stop);
+                let (stop, ready) = (Arc::clone(&stop), Arc::clone(&ready));
                 std::thread::spawn(move || {
                     mark_background();
-                    let mut n = 0u64;
+                    yield_point();
+                    ready.fetch_add(1, Ordering::SeqCst);
+                    let mut n = 1u64;
                     while !stop.load(Ordering::SeqCst) {
                         yield_point();
                         n += 1;
@@ -109,6 +112,11 @@ mod tests {
                 })
             })
             .collect();
+        // The guards start once every worker is in its loop (else, on a busy machine, they could all come
+        // and go before a worker ran, and the test would prove nothing).
+        while ready.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
         for _ in 0..20_000 {
             let fg = Foreground::enter();
             std::hint::spin_loop();
@@ -123,6 +131,6 @@ mod tests {
         let passed = rx
             .recv_timeout(Duration::from_secs(10))
             .expect("a background thread still sleeps with no foreground work");
-        assert!(passed.iter().all(|&n| n > 0), "{passed:?}");
+        assert_eq!(passed.len(), 3, "{passed:?}");
     }
 }
