@@ -23,7 +23,8 @@
 //! blocks of 32 with zeros, so neither `m` nor a row's place in its block changes a bit.
 //!
 //! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunks`]), and for each chunk the
-//! threads take panels; a panel runs each 32-row block of the chunk and asks the start of the next panel
+//! threads take panels, each worker holding its tiles configured over all the panels it takes
+//! ([`TileGuard`]); a panel runs each 32-row block of the chunk and asks the start of the next panel
 //! into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
 //! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
 
@@ -118,29 +119,48 @@ static CONFIG: TileConfig = {
     }
 };
 
-/// The tiles configured on this thread for the time the value lives; released on drop (so a context
-/// switch does not carry 8 KiB of tile data for a thread that no longer uses them).
-pub(crate) struct Tiles(());
+/// The tiles of unit `U` configured on this thread while any guard lives: the first guard of a thread
+/// loads the configuration, guards taken inside it only count, and the last one dropped releases the
+/// tiles (so a context switch does not carry 8 KiB of tile data for a thread that no longer uses them).
+///
+/// Why nested: the tile GEMM holds one guard per worker for all the panels it takes in a call
+/// ([`run_gemm`]), so the tiles are loaded and released a few times per GEMM instead of once per 64
+/// outputs — on the 4B that was ≈ 17,700 `ldtilecfg` / `tilerelease` pairs a forward. Not `Send`: the
+/// count is the thread's.
+pub(crate) struct TileGuard<U: TileUnit> {
+    _unit: std::marker::PhantomData<(U, *const ())>,
+}
 
-impl Tiles {
-    /// Configure the tiles on this thread.
+impl<U: TileUnit> TileGuard<U> {
+    /// Configure `U`'s tiles on this thread, unless a guard already holds them.
     ///
     /// # Safety
-    /// [`available`] returned true.
+    /// `U` exists on this CPU (for [`Amx`]: [`available`] returned true).
     #[inline]
-    pub(crate) unsafe fn configure() -> Tiles {
-        // SAFETY: AMX present and granted (the caller's contract); the config is 64 valid bytes.
-        unsafe {
-            asm!("ldtilecfg [{0}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly))
-        };
-        Tiles(())
+    pub(crate) unsafe fn enter() -> Self {
+        U::depth().with(|d| {
+            if d.get() == 0 {
+                // SAFETY: the caller's contract.
+                unsafe { U::load_config() };
+            }
+            d.set(d.get() + 1);
+        });
+        TileGuard {
+            _unit: std::marker::PhantomData,
+        }
     }
 }
 
-impl Drop for Tiles {
+impl<U: TileUnit> Drop for TileGuard<U> {
     fn drop(&mut self) {
-        // SAFETY: the tiles were configured by `configure` (AMX present).
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        U::depth().with(|d| {
+            let left = d.get() - 1;
+            d.set(left);
+            if left == 0 {
+                // SAFETY: this thread's tiles were configured by the first guard (`enter`'s contract).
+                unsafe { U::release() };
+            }
+        });
     }
 }
 
@@ -224,14 +244,21 @@ impl Scratch {
 }
 
 /// The tile unit blocks run on: the CPU's tiles ([`Amx`]) or, in tests, a plain-arithmetic stand-in
-/// with the same contract, so the drivers above the assembly (row chunks, panels, tails, padding) are
-/// tested on every CPU, not only where AMX exists.
-pub(crate) trait TileUnit {
-    /// What holds the thread's tile configuration while it lives.
-    type Guard;
+/// with the same contract, so the drivers above the assembly (row chunks, panels, tails, padding, the
+/// configuration held across panels) are tested on every CPU, not only where AMX exists.
+pub(crate) trait TileUnit: Sized {
+    /// Load the tile configuration on this thread ([`TileGuard`] calls it for the first guard).
+    ///
     /// # Safety
     /// The unit exists on this CPU (for [`Amx`]: [`available`] returned true).
-    unsafe fn configure() -> Self::Guard;
+    unsafe fn load_config();
+    /// Release this thread's tiles ([`TileGuard`] calls it when the last guard goes).
+    ///
+    /// # Safety
+    /// The tiles were configured on this thread.
+    unsafe fn release();
+    /// The thread's count of live [`TileGuard`]s of this unit.
+    fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>>;
     /// [`block`]'s contract.
     ///
     /// # Safety
@@ -242,12 +269,25 @@ pub(crate) trait TileUnit {
 /// The CPU's tiles.
 pub(crate) struct Amx;
 
+thread_local! {
+    static AMX_GUARDS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 impl TileUnit for Amx {
-    type Guard = Tiles;
     #[inline]
-    unsafe fn configure() -> Tiles {
-        // SAFETY: forwarded.
-        unsafe { Tiles::configure() }
+    unsafe fn load_config() {
+        // SAFETY: AMX present and granted (the caller's contract); the config is 64 valid bytes.
+        unsafe {
+            asm!("ldtilecfg [{0}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly))
+        };
+    }
+    #[inline]
+    unsafe fn release() {
+        // SAFETY: AMX present (the caller's contract).
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+    fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>> {
+        &AMX_GUARDS
     }
     #[inline]
     unsafe fn block(product: Product, blk: Block) {
@@ -329,9 +369,11 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
             continue;
         }
         let mc = c1 - c0;
-        (0..panels)
-            .into_par_iter()
-            .for_each_init(Scratch::new, |scratch, p| {
+        // Each worker's guard holds the tiles over every panel it takes in this split.
+        // SAFETY (the guard): the unit exists (the caller's contract).
+        (0..panels).into_par_iter().for_each_init(
+            || (Scratch::new(), unsafe { TileGuard::<U>::enter() }),
+            |(scratch, _tiles), p| {
                 crate::background::yield_point();
                 let panel = &w.data[p * w.panel_bytes..(p + 1) * w.panel_bytes];
                 let next = if p + 1 < panels {
@@ -359,7 +401,8 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
                         |r0, rows, res| out(p, c0 + r0, rows, res),
                     )
                 };
-            });
+            },
+        );
     }
 }
 
@@ -391,8 +434,8 @@ unsafe fn run_panel<U: TileUnit>(
         scratch.tail.as_ptr()
     });
     let blocks = m.div_ceil(ROWS);
-    // SAFETY: the unit exists (the caller's contract).
-    let _tiles = unsafe { U::configure() };
+    // SAFETY: the unit exists (the caller's contract). Inside `run_gemm`'s guard this only counts.
+    let _tiles = unsafe { TileGuard::<U>::enter() };
     let mut r0 = 0;
     while r0 < m {
         super::gemm::prefetch_share(next, r0 / ROWS, blocks);
@@ -426,7 +469,7 @@ unsafe fn run_panel<U: TileUnit>(
 /// `C[0..32][0..32] = Σ_steps A · B` for one 32-row block and one half panel (32 outputs).
 ///
 /// # Safety
-/// The thread's tiles are configured ([`Tiles::configure`]); the pointers address the extents
+/// The thread's tiles are configured (a [`TileGuard`] lives); the pointers address the extents
 /// documented on [`Block`].
 #[inline]
 unsafe fn block(product: Product, blk: Block) {
@@ -503,7 +546,7 @@ pub(crate) unsafe fn peak(product: Product, iters: u64) -> f32 {
     // SAFETY: AMX granted (the caller's contract); the loads read 16 × 64 bytes of `src`, the store
     // writes 16 × 64 bytes of `out`.
     unsafe {
-        let _tiles = Tiles::configure();
+        let _tiles = TileGuard::<Amx>::enter();
         asm!(
             "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
             "tileloadd tmm4, [{p} + {s}]", "tileloadd tmm5, [{p} + {s}]",
@@ -535,10 +578,33 @@ mod tests {
     /// same test as the assembly.
     struct Emulated;
 
+    thread_local! {
+        static EMULATED_GUARDS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        /// Whether this thread's stand-in tiles are configured: a block without is a driver's bug
+        /// (on the CPU's tiles, a fault).
+        static EMULATED_LOADED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
     impl TileUnit for Emulated {
-        type Guard = ();
-        unsafe fn configure() {}
+        unsafe fn load_config() {
+            assert!(!EMULATED_LOADED.get(), "configured twice without a release");
+            EMULATED_LOADED.set(true);
+        }
+        unsafe fn release() {
+            assert!(
+                EMULATED_LOADED.get(),
+                "released tiles that were not configured"
+            );
+            EMULATED_LOADED.set(false);
+        }
+        fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>> {
+            &EMULATED_GUARDS
+        }
         unsafe fn block(product: Product, blk: Block) {
+            assert!(
+                EMULATED_LOADED.get(),
+                "a tile block on a thread without a configuration"
+            );
             let (a, lda, c, ldc) = (blk.a, blk.lda, blk.c, blk.ldc);
             let bf16 = |p: *const u8| {
                 // SAFETY: the caller's extents (two readable bytes).
@@ -630,7 +696,7 @@ mod tests {
                 // SAFETY: AMX checked; A has 32 rows of `steps · 64` bytes, the panel `depth` rows
                 // (the last step reads the tail copy), C 32 rows of 128 bytes.
                 unsafe {
-                    let _tiles = U::configure();
+                    let _tiles = TileGuard::<U>::enter();
                     U::block(
                         product,
                         Block {
@@ -778,6 +844,128 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The stand-in, counting its configurations (its own counters: no other test uses this unit).
+    struct Counted;
+
+    static COUNTED_LOADS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static COUNTED_RELEASES: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    thread_local! {
+        static COUNTED_GUARDS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    impl TileUnit for Counted {
+        unsafe fn load_config() {
+            COUNTED_LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: the stand-in exists everywhere.
+            unsafe { Emulated::load_config() }
+        }
+        unsafe fn release() {
+            COUNTED_RELEASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: as above.
+            unsafe { Emulated::release() }
+        }
+        fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>> {
+            &COUNTED_GUARDS
+        }
+        unsafe fn block(product: Product, blk: Block) {
+            // SAFETY: forwarded.
+            unsafe { Emulated::block(product, blk) }
+        }
+    }
+
+    /// Guards nest: the first loads the configuration, the last releases it; and a tile GEMM holds
+    /// the tiles over the panels a worker takes instead of configuring each panel (40 panels here, on
+    /// two threads), every block still running configured, nothing left configured after the call.
+    #[test]
+    fn tiles_are_configured_once_per_worker_not_once_per_panel() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let counts = || (COUNTED_LOADS.load(Relaxed), COUNTED_RELEASES.load(Relaxed));
+        {
+            // SAFETY: the stand-in exists everywhere.
+            let _outer = unsafe { TileGuard::<Counted>::enter() };
+            {
+                // SAFETY: as above.
+                let _inner = unsafe { TileGuard::<Counted>::enter() };
+                assert_eq!(counts(), (1, 0));
+            }
+            assert_eq!(
+                counts(),
+                (1, 0),
+                "the inner guard does not release the outer's tiles"
+            );
+        }
+        assert_eq!(counts(), (1, 1));
+
+        let (m, depth, panels) = (70usize, 20usize, 40usize);
+        let n = panels * 64;
+        let steps = depth.div_ceil(STEP);
+        let lda = steps * 64 + 64;
+        let mut seed = 3;
+        let mut a = vec![0u8; m.div_ceil(ROWS) * ROWS * lda];
+        for r in 0..m {
+            for e in 0..depth * 4 {
+                a[r * lda + e] = (lcg(&mut seed) % 9) as u8;
+            }
+        }
+        let panel_bytes = depth * PANEL_ROW;
+        let wdata: Vec<u8> = (0..panels * panel_bytes)
+            .map(|_| (lcg(&mut seed) % 9) as u8)
+            .collect();
+        let got = std::sync::Mutex::new(vec![0i32; m * n]);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            // SAFETY: rows padded to whole blocks with `steps · 64` bytes each; the stand-in exists.
+            unsafe {
+                run_gemm::<Counted>(
+                    Product::Int8,
+                    TileRows {
+                        a: a.as_ptr(),
+                        lda,
+                        m,
+                    },
+                    Panels {
+                        data: &wdata,
+                        panel_bytes,
+                        n,
+                    },
+                    1,
+                    |p, r0, rows, res| {
+                        let mut g = got.lock().unwrap();
+                        for r in 0..rows {
+                            g[(r0 + r) * n + p * 64..(r0 + r) * n + p * 64 + 64]
+                                .copy_from_slice(&res[r * 64..r * 64 + 64]);
+                        }
+                    },
+                )
+            }
+        });
+        let (loads, releases) = counts();
+        let (loads, releases) = (loads - 1, releases - 1);
+        println!("{panels} panels on 2 threads: {loads} configurations");
+        assert_eq!(loads, releases, "every configuration released");
+        // One per rayon split a worker folds (10 of them here, typically), not one per panel.
+        assert!(
+            (1..=panels / 2).contains(&loads),
+            "{loads} configurations for {panels} panels"
+        );
+        let got = got.into_inner().unwrap();
+        for (i, j) in [(0, 0), (5, 700), (69, n - 1), (33, 1234)] {
+            let (p, col) = (j / 64, j % 64);
+            let want: i32 = (0..depth * 4)
+                .map(|e| {
+                    let w = wdata[p * panel_bytes + (e / 4 * 64 + col) * 4 + e % 4];
+                    a[i * lda + e] as i8 as i32 * w as i8 as i32
+                })
+                .sum();
+            assert_eq!(got[i * n + j], want, "row {i} output {j}");
         }
     }
 
