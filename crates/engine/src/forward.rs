@@ -231,16 +231,7 @@ impl Backbone {
         tokens: &[u32],
         wanted: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
-        let mut rows = [BatchRow {
-            state,
-            tokens,
-            wanted,
-            adapter: 0,
-        }];
-        Ok(self
-            .forward_batch(arm, &mut rows)?
-            .pop()
-            .unwrap_or_default())
+        self.one_row(arm, state, (tokens, wanted), Clock::new(None))
     }
 
     /// [`Backbone::forward`], its wall time added to `times` stage by stage (the stages add up to the
@@ -253,6 +244,16 @@ impl Backbone {
         wanted: &[usize],
         times: &mut StageTimes,
     ) -> Result<Vec<f32>, EngineError> {
+        self.one_row(arm, state, (tokens, wanted), Clock::new(Some(times)))
+    }
+
+    fn one_row(
+        &self,
+        arm: Arm,
+        state: &mut State,
+        (tokens, wanted): (&[u32], &[usize]),
+        clock: Clock<'_>,
+    ) -> Result<Vec<f32>, EngineError> {
         let mut rows = [BatchRow {
             state,
             tokens,
@@ -260,7 +261,7 @@ impl Backbone {
             adapter: 0,
         }];
         Ok(self
-            .run_batch(arm, &mut rows, None, Clock::new(Some(times)))?
+            .run_batch(arm, &mut rows, None, clock)?
             .pop()
             .unwrap_or_default())
     }
