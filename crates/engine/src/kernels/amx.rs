@@ -23,8 +23,7 @@
 //! blocks of 32 with zeros, so neither `m` nor a row's place in its block changes a bit.
 //!
 //! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunks`]), and for each chunk the
-//! threads take panels, each worker holding its tiles configured over all the panels it takes
-//! ([`TileGuard`]); a panel runs each 32-row block of the chunk and asks the start of the next panel
+//! threads take panels, each worker configuring its tiles once ([`TileGuard`]); a panel runs each 32-row block of the chunk and asks the start of the next panel
 //! into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
 //! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
 
@@ -121,11 +120,13 @@ static CONFIG: TileConfig = {
 
 /// The tiles of unit `U` configured on this thread while any guard lives: the first guard of a thread
 /// loads the configuration, guards taken inside it only count, and the last one dropped releases the
-/// tiles (so a context switch does not carry 8 KiB of tile data for a thread that no longer uses them).
+/// tiles (so a context switch does not carry 8 KiB of tile data for a thread that no longer uses them)
+/// — except on a rayon worker, which keeps its tiles once it has loaded them.
 ///
-/// Why nested: the tile GEMM holds one guard per worker for all the panels it takes in a call
-/// ([`run_gemm`]), so the tiles are loaded and released a few times per GEMM instead of once per 64
-/// outputs — on the 4B that was ≈ 17,700 `ldtilecfg` / `tilerelease` pairs a forward. Not `Send`: the
+/// Why: the tile GEMM takes a guard per panel of 64 outputs ([`run_panel`]); loading and releasing the
+/// tiles each time was ≈ 17,700 `ldtilecfg` / `tilerelease` pairs a 4B forward, and the figures of the
+/// one AMX CPU measured fit a cost of ≈ 64 µs per panel in both arms, whatever its bytes (results,
+/// 2026-12-06). The workers run every panel, so they now configure once per thread. Not `Send`: the
 /// count is the thread's.
 pub(crate) struct TileGuard<U: TileUnit> {
     _unit: std::marker::PhantomData<(U, *const ())>,
@@ -142,6 +143,10 @@ impl<U: TileUnit> TileGuard<U> {
             if d.get() == 0 {
                 // SAFETY: the caller's contract.
                 unsafe { U::load_config() };
+                if rayon::current_thread_index().is_some() {
+                    // The worker's own count, never dropped: its tiles stay loaded.
+                    d.set(1);
+                }
             }
             d.set(d.get() + 1);
         });
@@ -369,11 +374,9 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
             continue;
         }
         let mc = c1 - c0;
-        // Each worker's guard holds the tiles over every panel it takes in this split.
-        // SAFETY (the guard): the unit exists (the caller's contract).
-        (0..panels).into_par_iter().for_each_init(
-            || (Scratch::new(), unsafe { TileGuard::<U>::enter() }),
-            |(scratch, _tiles), p| {
+        (0..panels)
+            .into_par_iter()
+            .for_each_init(Scratch::new, |scratch, p| {
                 crate::background::yield_point();
                 let panel = &w.data[p * w.panel_bytes..(p + 1) * w.panel_bytes];
                 let next = if p + 1 < panels {
@@ -401,8 +404,7 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
                         |r0, rows, res| out(p, c0 + r0, rows, res),
                     )
                 };
-            },
-        );
+            });
     }
 }
 
@@ -434,7 +436,8 @@ unsafe fn run_panel<U: TileUnit>(
         scratch.tail.as_ptr()
     });
     let blocks = m.div_ceil(ROWS);
-    // SAFETY: the unit exists (the caller's contract). Inside `run_gemm`'s guard this only counts.
+    // SAFETY: the unit exists (the caller's contract). On a worker that has run a panel before, this
+    // only counts.
     let _tiles = unsafe { TileGuard::<U>::enter() };
     let mut r0 = 0;
     while r0 < m {
@@ -605,46 +608,55 @@ mod tests {
                 EMULATED_LOADED.get(),
                 "a tile block on a thread without a configuration"
             );
-            let (a, lda, c, ldc) = (blk.a, blk.lda, blk.c, blk.ldc);
-            let bf16 = |p: *const u8| {
-                // SAFETY: the caller's extents (two readable bytes).
-                let v = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
-                f32::from_bits((v as u32) << 16)
-            };
-            // SAFETY: the extents of `block`'s contract: A 32 rows of `steps · 64` bytes, B `steps · 16`
-            // rows of 256 bytes (the last step from the tail copy), C 32 rows of 32 values.
-            unsafe {
-                for r in 0..ROWS {
-                    for j in 0..32 {
-                        let (mut si, mut sf) = (0i32, 0f32);
-                        for s in 0..blk.steps {
-                            let bs = match blk.b_tail {
-                                Some(t) if s + 1 == blk.steps => t,
-                                _ => blk.b.add(s * STEP * PANEL_ROW),
-                            };
-                            for q in 0..STEP {
-                                let ap = a.add(r * lda + s * 64 + q * 4);
-                                let bp = bs.add(q * PANEL_ROW + j * 4);
-                                match product {
-                                    Product::Int8 => {
-                                        for l in 0..4 {
-                                            si += *ap.add(l) as i8 as i32 * *bp.add(l) as i8 as i32;
-                                        }
+            // SAFETY: forwarded.
+            unsafe { plain_block(product, blk) }
+        }
+    }
+
+    /// [`block`]'s contract in plain arithmetic (the stand-ins' tile block).
+    ///
+    /// # Safety
+    /// As [`block`]'s, but for the tiles.
+    unsafe fn plain_block(product: Product, blk: Block) {
+        let (a, lda, c, ldc) = (blk.a, blk.lda, blk.c, blk.ldc);
+        let bf16 = |p: *const u8| {
+            // SAFETY: the caller's extents (two readable bytes).
+            let v = unsafe { u16::from_le_bytes([*p, *p.add(1)]) };
+            f32::from_bits((v as u32) << 16)
+        };
+        // SAFETY: the extents of `block`'s contract: A 32 rows of `steps · 64` bytes, B `steps · 16`
+        // rows of 256 bytes (the last step from the tail copy), C 32 rows of 32 values.
+        unsafe {
+            for r in 0..ROWS {
+                for j in 0..32 {
+                    let (mut si, mut sf) = (0i32, 0f32);
+                    for s in 0..blk.steps {
+                        let bs = match blk.b_tail {
+                            Some(t) if s + 1 == blk.steps => t,
+                            _ => blk.b.add(s * STEP * PANEL_ROW),
+                        };
+                        for q in 0..STEP {
+                            let ap = a.add(r * lda + s * 64 + q * 4);
+                            let bp = bs.add(q * PANEL_ROW + j * 4);
+                            match product {
+                                Product::Int8 => {
+                                    for l in 0..4 {
+                                        si += *ap.add(l) as i8 as i32 * *bp.add(l) as i8 as i32;
                                     }
-                                    Product::Bf16 => {
-                                        for l in 0..2 {
-                                            sf += bf16(ap.add(2 * l)) * bf16(bp.add(2 * l));
-                                        }
+                                }
+                                Product::Bf16 => {
+                                    for l in 0..2 {
+                                        sf += bf16(ap.add(2 * l)) * bf16(bp.add(2 * l));
                                     }
                                 }
                             }
                         }
-                        let bits = match product {
-                            Product::Int8 => si as u32,
-                            Product::Bf16 => sf.to_bits(),
-                        };
-                        (c.add(r * ldc + j * 4) as *mut u32).write_unaligned(bits);
                     }
+                    let bits = match product {
+                        Product::Int8 => si as u32,
+                        Product::Bf16 => sf.to_bits(),
+                    };
+                    (c.add(r * ldc + j * 4) as *mut u32).write_unaligned(bits);
                 }
             }
         }
@@ -856,31 +868,39 @@ mod tests {
 
     thread_local! {
         static COUNTED_GUARDS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        static COUNTED_LOADED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
     impl TileUnit for Counted {
         unsafe fn load_config() {
+            assert!(!COUNTED_LOADED.get(), "configured twice without a release");
+            COUNTED_LOADED.set(true);
             COUNTED_LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // SAFETY: the stand-in exists everywhere.
-            unsafe { Emulated::load_config() }
         }
         unsafe fn release() {
+            assert!(
+                COUNTED_LOADED.get(),
+                "released tiles that were not configured"
+            );
+            COUNTED_LOADED.set(false);
             COUNTED_RELEASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // SAFETY: as above.
-            unsafe { Emulated::release() }
         }
         fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>> {
             &COUNTED_GUARDS
         }
         unsafe fn block(product: Product, blk: Block) {
+            assert!(
+                COUNTED_LOADED.get(),
+                "a tile block on a thread without a configuration"
+            );
             // SAFETY: forwarded.
-            unsafe { Emulated::block(product, blk) }
+            unsafe { plain_block(product, blk) }
         }
     }
 
-    /// Guards nest: the first loads the configuration, the last releases it; and a tile GEMM holds
-    /// the tiles over the panels a worker takes instead of configuring each panel (40 panels here, on
-    /// two threads), every block still running configured, nothing left configured after the call.
+    /// Guards nest: the first loads the configuration, the last releases it (off the workers); and a
+    /// tile GEMM's workers configure their tiles once, not once per panel (40 panels here, on two
+    /// threads, twice), every block still running configured.
     #[test]
     fn tiles_are_configured_once_per_worker_not_once_per_panel() {
         use std::sync::atomic::Ordering::Relaxed;
@@ -921,7 +941,7 @@ mod tests {
             .num_threads(2)
             .build()
             .unwrap();
-        pool.install(|| {
+        let run = || {
             // SAFETY: rows padded to whole blocks with `steps · 64` bytes each; the stand-in exists.
             unsafe {
                 run_gemm::<Counted>(
@@ -946,16 +966,17 @@ mod tests {
                     },
                 )
             }
-        });
+        };
+        pool.install(run);
+        pool.install(run);
         let (loads, releases) = counts();
         let (loads, releases) = (loads - 1, releases - 1);
-        println!("{panels} panels on 2 threads: {loads} configurations");
-        assert_eq!(loads, releases, "every configuration released");
-        // One per rayon split a worker folds (10 of them here, typically), not one per panel.
+        println!("{panels} panels on 2 threads, twice: {loads} configurations");
         assert!(
-            (1..=panels / 2).contains(&loads),
-            "{loads} configurations for {panels} panels"
+            (1..=2).contains(&loads),
+            "{loads} configurations for 2 × {panels} panels on 2 workers"
         );
+        assert_eq!(releases, 0, "the workers keep their tiles");
         let got = got.into_inner().unwrap();
         for (i, j) in [(0, 0), (5, 700), (69, n - 1), (33, 1234)] {
             let (p, col) = (j / 64, j % 64);
