@@ -23,8 +23,8 @@
 //! blocks of 32 with zeros, so neither `m` nor a row's place in its block changes a bit.
 //!
 //! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunks`]), and for each chunk the
-//! threads take panels, each worker configuring its tiles once ([`TileGuard`]); a panel runs each 32-row block of the chunk and asks the start of the next panel
-//! into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
+//! threads take panels, each worker configuring its tiles once ([`TileGuard`]); a panel runs each
+//! 32-row block of the chunk and asks the start of the next panel into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
 //! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
 
 use std::arch::asm;
