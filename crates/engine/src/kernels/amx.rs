@@ -126,8 +126,11 @@ static CONFIG: TileConfig = {
 /// Why: the tile GEMM takes a guard per panel of 64 outputs ([`run_panel`]); loading and releasing the
 /// tiles each time was ≈ 17,700 `ldtilecfg` / `tilerelease` pairs a 4B forward, and the figures of the
 /// one AMX CPU measured fit a cost of ≈ 64 µs per panel in both arms, whatever its bytes (results,
-/// 2026-12-06). The workers run every panel, so they now configure once per thread. Not `Send`: the
-/// count is the thread's.
+/// 2026-12-06). The workers run every panel, so they now configure once per thread. What a worker's
+/// kept tiles cost: 8 KiB more in each of its context switches; an idle core is not held out of its deep
+/// sleep by them (Sapphire Rapids demotes C6 while tile data is live; Linux ≥ 5.20 releases the
+/// registers itself before idling and restores the task's saved state when it runs again). Not
+/// `Send`: the count is the thread's.
 pub(crate) struct TileGuard<U: TileUnit> {
     _unit: std::marker::PhantomData<(U, *const ())>,
 }
