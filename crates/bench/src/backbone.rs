@@ -107,15 +107,18 @@ impl Stages {
         self.projections_s + self.outside_projections_s
     }
 
-    /// The stages in report order: (name, seconds).
+    /// The stages in the engine's report order: (name, seconds).
     fn each(&self) -> [(&'static str, f64); 5] {
-        [
-            ("projections", self.projections_s),
-            ("gdn", self.gdn_s),
-            ("attention", self.attention_s),
-            ("norms", self.norms_s),
-            ("other", self.other_s),
-        ]
+        Stage::ALL.map(|s| {
+            let secs = match s {
+                Stage::Projections => self.projections_s,
+                Stage::Gdn => self.gdn_s,
+                Stage::Attention => self.attention_s,
+                Stage::Norms => self.norms_s,
+                Stage::Other => self.other_s,
+            };
+            (s.name(), secs)
+        })
     }
 }
 
