@@ -370,7 +370,6 @@ impl Backbone {
 
         for (li, layer) in self.layers.iter().enumerate() {
             crate::background::yield_point();
-            clock.skip();
             rms_norm_rows(
                 kern,
                 &x[..tot * h],

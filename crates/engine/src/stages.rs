@@ -1,7 +1,8 @@
 //! Where a forward pass's wall time goes, by kind of work.
 //!
 //! A forward runs its steps one after another (each spread over the cores), so the wall time between two
-//! steps is that step's time, and the stages add up to the whole forward. [`crate::Backbone::forward_timed`]
+//! steps is that step's time, and the stages add up to the whole forward (a background forward's pauses
+//! for foreground work count in the stage they interrupt). [`crate::Backbone::forward_timed`]
 //! fills a [`StageTimes`]; `kev bench backbone` reports it per arm. It is what bounds one arm against another:
 //! the projections are the only stage whose arithmetic the compute arms change (the mixers, norms and the rest
 //! are f32 in every arm), so an arm whose projections took no time at all would still take the other stages'
@@ -116,13 +117,6 @@ impl<'a> Clock<'a> {
             self.last = now;
         }
     }
-
-    /// The time since the last mark was not work (a background pass paused for foreground work): dropped.
-    pub(crate) fn skip(&mut self) {
-        if self.times.is_some() {
-            self.last = Instant::now();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -130,21 +124,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_clock_gives_each_stage_the_time_since_the_last_mark_and_skips_what_it_is_told_to() {
+    fn a_clock_gives_each_stage_the_time_since_the_last_mark() {
         let ms = |n| std::thread::sleep(std::time::Duration::from_millis(n));
         let mut t = StageTimes::default();
         {
             let mut c = Clock::new(Some(&mut t));
-            ms(20);
-            c.mark(Stage::Gdn);
             ms(200);
-            c.skip();
+            c.mark(Stage::Gdn);
             ms(10);
             c.mark(Stage::Norms);
             c.mark(Stage::Projections);
         }
-        assert!(t.get(Stage::Gdn) >= 0.020, "{t:?}");
-        // The norms had their 10 ms, not the 200 ms skipped before them.
+        assert!(t.get(Stage::Gdn) >= 0.2, "{t:?}");
+        // The norms had their 10 ms, not the GDN's 200 ms too.
         assert!((0.010..0.2).contains(&t.get(Stage::Norms)), "{t:?}");
         assert!(t.get(Stage::Projections) < 0.2, "{t:?}");
         assert_eq!(t.get(Stage::Attention), 0.0);
