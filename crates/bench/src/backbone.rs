@@ -77,6 +77,15 @@ struct RowResult {
     peak_rss_gib: Option<f64>,
     /// Where the timed runs' wall time went, their mean.
     stages: Stages,
+    /// GFLOP of the row's projections (`Qwen35Config::projection_flops`, one wanted row).
+    projection_gflop: f64,
+}
+
+impl RowResult {
+    /// The projections' own rate, GFLOP/s (GOP/s for int8), where the stages were timed.
+    fn projection_gflops(&self) -> Option<f64> {
+        (self.stages.projections_s > 0.0).then(|| self.projection_gflop / self.stages.projections_s)
+    }
 }
 
 /// Seconds per stage of the forward (`kev_engine::stages`), the mean of the timed runs.
@@ -353,6 +362,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
                     peak_share,
                     peak_rss_gib: gib(memory::peak_resident_bytes()),
                     stages,
+                    projection_gflop: cfg.projection_flops(n, 1) / 1e9,
                 });
             }
         }
@@ -654,21 +664,28 @@ fn print_stages(rows: &[RowResult], lengths: &[usize]) {
     );
     let heads: Vec<&str> = Stages::default().each().map(|(n, _)| n).to_vec();
     println!(
-        "| arm | tokens | {} | outside the projections |",
+        "| arm | tokens | {} | outside the projections | projections' rate |",
         heads.join(" | ")
     );
-    println!("| --- | ---: |{}", " ---: |".repeat(heads.len() + 1));
+    println!("| --- | ---: |{}", " ---: |".repeat(heads.len() + 2));
     for &n in lengths {
         for row in rows.iter().filter(|x| x.tokens == n) {
             let st = &row.stages;
             let total = st.total_s().max(f64::MIN_POSITIVE);
             let cell = |s: f64| format!(" {} ({:.0} %) |", secs(s), 100.0 * s / total);
             let cells: String = st.each().iter().map(|&(_, s)| cell(s)).collect();
+            let unit = if row.arm == "int8" {
+                "GOP/s"
+            } else {
+                "GFLOP/s"
+            };
             println!(
-                "| {} | {} |{cells}{}",
+                "| {} | {} |{cells}{} {} |",
                 row.arm,
                 row.tokens,
-                cell(st.outside_projections_s)
+                cell(st.outside_projections_s),
+                row.projection_gflops()
+                    .map_or("n/a".into(), |g| format!("{g:.0} {unit}"))
             );
         }
     }

@@ -423,6 +423,32 @@ impl Qwen35Config {
         2.0 * params + (n_full * 4 * self.num_attention_heads * self.head_dim) as f64 * n_ctx as f64
     }
 
+    /// FLOPs of the projections alone (the weight GEMMs, 2 per weight and row) in one forward of `n` tokens
+    /// whose last layer finishes `wanted` rows, as the fast path runs it: every layer's input projections
+    /// on all rows, its output projection and MLP on all rows but in the last layer, which runs them on the
+    /// wanted rows only. LoRA updates are left out.
+    pub fn projection_flops(&self, n: usize, wanted: usize) -> f64 {
+        let h = self.hidden_size as f64;
+        let mlp = 3.0 * h * self.intermediate_size as f64;
+        let qd = (self.num_attention_heads * self.head_dim) as f64;
+        let kvd = (self.num_key_value_heads * self.head_dim) as f64;
+        let last = self.layer_types.len().saturating_sub(1);
+        let mut f = 0.0;
+        for (i, k) in self.layer_types.iter().enumerate() {
+            let (input, output) = match k {
+                LayerKind::Linear => (
+                    h * (self.conv_dim() + self.value_dim() + 2 * self.linear_num_value_heads)
+                        as f64,
+                    self.value_dim() as f64 * h,
+                ),
+                LayerKind::Full => (h * (2.0 * qd + 2.0 * kvd), qd * h),
+            };
+            let rows = if i == last { wanted } else { n } as f64;
+            f += 2.0 * (input * n as f64 + (output + mlp) * rows);
+        }
+        f
+    }
+
     /// FLOPs of one prefill of `n` tokens: `Σ_t flops_per_token(t+1)` (causal attention sees t+1 keys).
     pub fn prefill_flops(&self, n: usize) -> f64 {
         let base = self.flops_per_token(0);
@@ -617,6 +643,25 @@ mod tests {
         let base = c.flops_per_token(0);
         assert!((base / 1e9 - 7.23).abs() < 0.01, "{base}");
         assert_eq!(c.flops_per_token(1) - base, 131_072.0);
+        // The 4B's projection weights, shape by shape: 24 DeltaNet layers (in 2560 × 12,352, out
+        // 4096 × 2560) and 8 attention layers (in 2560 × 10,240, out 4096 × 2560), each with a
+        // 3 × 2560 × 9216 MLP: 3,569,090,560 weights; the last layer (attention) finishes `wanted` rows.
+        let (gdn, attn, out, mlp) = (
+            2560.0 * 12_352.0,
+            2560.0 * 10_240.0,
+            4096.0 * 2560.0,
+            3.0 * 2560.0 * 9216.0,
+        );
+        let weights = 24.0 * (gdn + out + mlp) + 8.0 * (attn + out + mlp);
+        assert_eq!(weights, 3_569_090_560.0);
+        assert_eq!(c.projection_flops(94, 94), 2.0 * 94.0 * weights);
+        assert_eq!(
+            c.projection_flops(94, 1),
+            2.0 * 94.0 * weights - 2.0 * 93.0 * (out + mlp)
+        );
+        // The rest of a token's FLOPs are the mixers' own: the GDN conv and recurrence.
+        let mixers = 24.0 * 2.0 * (4.0 * 8192.0 + 3.5 * 32.0 * 128.0 * 128.0);
+        assert_eq!(base, 2.0 * weights + mixers);
     }
 
     /// The 0.8B shape as its published config.json states it (docs/kev-0.8b-pins.md, §config).
