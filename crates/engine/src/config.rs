@@ -396,31 +396,45 @@ impl Qwen35Config {
     /// (`7·heads·dk·dv`), and `4·heads·head_dim` per context position per attention layer (7.23 GFLOP
     /// + 131,072·n_ctx for the 4B). Norms and element-wise work are left out.
     pub fn flops_per_token(&self, n_ctx: usize) -> f64 {
-        let h = self.hidden_size as f64;
-        let mlp = 3.0 * h * self.intermediate_size as f64;
-        let gdn = h * (self.conv_dim() + self.value_dim() + 2 * self.linear_num_value_heads) as f64
-            + self.value_dim() as f64 * h
-            + (4 * self.conv_dim()) as f64
+        // The GDN's own work per token: the conv and the recurrence.
+        let gdn_mixer = (4 * self.conv_dim()) as f64
             + 3.5
                 * (self.linear_num_value_heads
                     * self.linear_key_head_dim
                     * self.linear_value_head_dim) as f64;
-        let qd = (self.num_attention_heads * self.head_dim) as f64;
-        let kvd = (self.num_key_value_heads * self.head_dim) as f64;
-        let attn = h * (2.0 * qd + 2.0 * kvd) + qd * h;
         let mut params = 0.0;
         let mut n_full = 0usize;
-        for k in &self.layer_types {
-            params += mlp
+        for &k in &self.layer_types {
+            let (input, output_mlp) = self.projection_weights(k);
+            params += input
+                + output_mlp
                 + match k {
-                    LayerKind::Linear => gdn,
+                    LayerKind::Linear => gdn_mixer,
                     LayerKind::Full => {
                         n_full += 1;
-                        attn
+                        0.0
                     }
                 };
         }
         2.0 * params + (n_full * 4 * self.num_attention_heads * self.head_dim) as f64 * n_ctx as f64
+    }
+
+    /// The projection weights of a layer of kind `k`: (its input projections, its output projection and
+    /// MLP).
+    fn projection_weights(&self, k: LayerKind) -> (f64, f64) {
+        let h = self.hidden_size as f64;
+        let mlp = 3.0 * h * self.intermediate_size as f64;
+        match k {
+            LayerKind::Linear => (
+                h * (self.conv_dim() + self.value_dim() + 2 * self.linear_num_value_heads) as f64,
+                self.value_dim() as f64 * h + mlp,
+            ),
+            LayerKind::Full => {
+                let qd = (self.num_attention_heads * self.head_dim) as f64;
+                let kvd = (self.num_key_value_heads * self.head_dim) as f64;
+                (h * (2.0 * qd + 2.0 * kvd), qd * h + mlp)
+            }
+        }
     }
 
     /// FLOPs of the projections alone (the weight GEMMs, 2 per weight and row) in one forward of `n` tokens
@@ -428,23 +442,12 @@ impl Qwen35Config {
     /// on all rows, its output projection and MLP on all rows but in the last layer, which runs them on the
     /// wanted rows only. LoRA updates are left out.
     pub fn projection_flops(&self, n: usize, wanted: usize) -> f64 {
-        let h = self.hidden_size as f64;
-        let mlp = 3.0 * h * self.intermediate_size as f64;
-        let qd = (self.num_attention_heads * self.head_dim) as f64;
-        let kvd = (self.num_key_value_heads * self.head_dim) as f64;
         let last = self.layer_types.len().saturating_sub(1);
         let mut f = 0.0;
-        for (i, k) in self.layer_types.iter().enumerate() {
-            let (input, output) = match k {
-                LayerKind::Linear => (
-                    h * (self.conv_dim() + self.value_dim() + 2 * self.linear_num_value_heads)
-                        as f64,
-                    self.value_dim() as f64 * h,
-                ),
-                LayerKind::Full => (h * (2.0 * qd + 2.0 * kvd), qd * h),
-            };
+        for (i, &k) in self.layer_types.iter().enumerate() {
+            let (input, output_mlp) = self.projection_weights(k);
             let rows = if i == last { wanted } else { n } as f64;
-            f += 2.0 * (input * n as f64 + (output + mlp) * rows);
+            f += 2.0 * (input * n as f64 + output_mlp * rows);
         }
         f
     }
