@@ -96,25 +96,24 @@ impl StageTimes {
 /// Attributes the wall time since its last mark to the stage that just ended; does nothing when off, so
 /// the untimed forward pays for no clock reads.
 pub(crate) struct Clock<'a> {
-    times: Option<&'a mut StageTimes>,
-    last: Instant,
+    /// The times filled and the last mark, when on.
+    on: Option<(&'a mut StageTimes, Instant)>,
 }
 
 impl<'a> Clock<'a> {
     /// A clock filling `times`, or none.
     pub(crate) fn new(times: Option<&'a mut StageTimes>) -> Self {
         Clock {
-            times,
-            last: Instant::now(),
+            on: times.map(|t| (t, Instant::now())),
         }
     }
 
     /// The time since the last mark was spent in `stage`.
     pub(crate) fn mark(&mut self, stage: Stage) {
-        if let Some(t) = self.times.as_deref_mut() {
+        if let Some((t, last)) = &mut self.on {
             let now = Instant::now();
-            t.secs[stage as usize] += now.duration_since(self.last).as_secs_f64();
-            self.last = now;
+            t.secs[stage as usize] += now.duration_since(*last).as_secs_f64();
+            *last = now;
         }
     }
 }
