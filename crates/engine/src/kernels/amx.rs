@@ -24,7 +24,8 @@
 //!
 //! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunks`]), and for each chunk the
 //! threads take panels, each worker configuring its tiles once ([`TileGuard`]); a panel runs each
-//! 32-row block of the chunk and asks the start of the next panel into L2 meanwhile. The drivers are generic over a [`TileUnit`], so the tests run them on a
+//! 32-row block of the chunk and asks the start of the next panel into L2 meanwhile, a few lines per
+//! tile step ([`NextPanel`]). The drivers are generic over a [`TileUnit`], so the tests run them on a
 //! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
 
 use std::arch::asm;
@@ -197,6 +198,86 @@ pub(crate) struct Block {
     /// C: 32 rows of 32 f32/i32, `ldc` bytes apart.
     pub c: *mut u8,
     pub ldc: usize,
+    /// The next panel's lines this block asks into L2 between its steps.
+    pub ahead: StepPrefetch,
+}
+
+/// Lines of the next panel a block asks into L2: `per_step` before each tile step, from `from` until
+/// `end` (both inside one slice; hints only, they change no value).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepPrefetch {
+    pub from: *const u8,
+    pub end: *const u8,
+    pub per_step: usize,
+}
+
+impl StepPrefetch {
+    /// Nothing to ask for.
+    pub(crate) const NONE: StepPrefetch = StepPrefetch {
+        from: std::ptr::null(),
+        end: std::ptr::null(),
+        per_step: 0,
+    };
+}
+
+/// How a panel asks the start of the next one ([`NEXT_PANEL_BYTES`]) into L2 while it runs.
+/// `KEV_AMX_NEXT_PANEL=spread|burst|off` picks one for a process (read once), so the schedules can be
+/// timed against each other on an AMX CPU with one build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextPanel {
+    /// A few lines before each tile step, spread evenly over all the steps of the panel (at 94 rows
+    /// and 2,560 inputs: 11 lines a step of four tile products, int8; 9, bf16). The default: it is how
+    /// the float and int8 GEMMs measured on other CPUs ask for their next block (a share per row
+    /// group, tens of lines at a time).
+    Spread,
+    /// A third of it (at 94 rows) before each 32-row block: bursts of over a thousand prefetches, the
+    /// schedule as first written (2026-12-05); untimed, kept for the A/B.
+    Burst,
+    /// None: the hardware streamer alone (the schedule of the 2026-12-02 AMX figures).
+    Off,
+}
+
+impl NextPanel {
+    /// The schedule of this process: `KEV_AMX_NEXT_PANEL`, else [`NextPanel::Spread`].
+    pub(crate) fn chosen() -> NextPanel {
+        static CHOICE: OnceLock<NextPanel> = OnceLock::new();
+        *CHOICE.get_or_init(|| match std::env::var("KEV_AMX_NEXT_PANEL") {
+            Ok(v) if !v.is_empty() => {
+                let choice = match v.as_str() {
+                    "spread" => NextPanel::Spread,
+                    "burst" => NextPanel::Burst,
+                    "off" => NextPanel::Off,
+                    other => {
+                        tracing::warn!(
+                            "KEV_AMX_NEXT_PANEL={other}: not spread, burst or off; using spread"
+                        );
+                        NextPanel::Spread
+                    }
+                };
+                tracing::info!("AMX next-panel prefetch: {choice:?} (KEV_AMX_NEXT_PANEL)");
+                choice
+            }
+            _ => NextPanel::Spread,
+        })
+    }
+}
+
+/// Bytes of `next` (`len` of them) that call `call` of `calls` asks for, `steps` tile steps each, when
+/// spread: `per_step` lines a step, the calls' ranges consecutive and covering `0..len` (the last ones
+/// may be empty). Returns the range and `per_step`.
+fn spread_share(
+    len: usize,
+    call: usize,
+    calls: usize,
+    steps: usize,
+) -> (std::ops::Range<usize>, usize) {
+    if calls == 0 || steps == 0 {
+        return (0..0, 0);
+    }
+    let per_step = len.div_ceil(64).div_ceil(calls * steps);
+    let per_call = per_step * 64 * steps;
+    let start = (call * per_call).min(len);
+    (start..(start + per_call).min(len), per_step)
 }
 
 /// The four tile products of one step: `tmm0..3 += {tmm4, tmm5} × {tmm6, tmm7}`.
@@ -415,7 +496,7 @@ pub(crate) unsafe fn run_gemm<U: TileUnit>(
 /// over every input step, then `out(r0, rows, results)` with the block's first row, its number of real
 /// rows (`min(32, m − r0)`) and its results, 64 per row (f32 bits for [`Product::Bf16`], i32 for
 /// [`Product::Int8`]; columns past `ncols` are not computed). `next` (the weights that follow) is asked
-/// into L2 a share per block.
+/// into L2 as [`NextPanel::chosen`] says.
 ///
 /// # Safety
 /// `U` exists on this CPU; `rows.a` addresses `rows.m.div_ceil(32) · 32` rows `rows.lda` bytes
@@ -439,16 +520,29 @@ unsafe fn run_panel<U: TileUnit>(
         scratch.tail.as_ptr()
     });
     let blocks = m.div_ceil(ROWS);
+    let halves = if ncols > 32 { 2 } else { 1 };
+    let schedule = NextPanel::chosen();
     // SAFETY: the unit exists (the caller's contract). On a worker that has run a panel before, this
     // only counts.
     let _tiles = unsafe { TileGuard::<U>::enter() };
     let mut r0 = 0;
     while r0 < m {
-        super::gemm::prefetch_share(next, r0 / ROWS, blocks);
-        for h in 0..2 {
-            if h * 32 >= ncols {
-                break;
-            }
+        if schedule == NextPanel::Burst {
+            super::gemm::prefetch_share(next, r0 / ROWS, blocks);
+        }
+        for h in 0..halves {
+            let ahead = if schedule == NextPanel::Spread {
+                let (range, per_step) =
+                    spread_share(next.len(), (r0 / ROWS) * halves + h, blocks * halves, steps);
+                let at = next[range].as_ptr_range();
+                StepPrefetch {
+                    from: at.start,
+                    end: at.end,
+                    per_step,
+                }
+            } else {
+                StepPrefetch::NONE
+            };
             // SAFETY: rows r0..r0+32 exist with `steps · 64` bytes each (the caller's contract); the
             // panel holds `depth` rows of 256 bytes and a partial last step reads the padded copy; the
             // block writes 32 rows of 32 values into the result buffer (256-byte rows).
@@ -463,6 +557,7 @@ unsafe fn run_panel<U: TileUnit>(
                         steps,
                         c: (scratch.out.as_mut_ptr() as *mut u8).add(h * 128),
                         ldc: 64 * 4,
+                        ahead,
                     },
                 )
             };
@@ -487,7 +582,13 @@ unsafe fn block(product: Product, blk: Block) {
         steps,
         c,
         ldc,
+        ahead,
     } = blk;
+    let StepPrefetch {
+        from: mut ask,
+        end: ask_end,
+        per_step,
+    } = ahead;
     // SAFETY: the caller's contract; tile loads read 16 rows × 64 bytes at the given strides, stores
     // write the same into C.
     unsafe {
@@ -500,6 +601,15 @@ unsafe fn block(product: Product, blk: Block) {
         );
         let a1 = a.add(16 * lda);
         for s in 0..steps {
+            for _ in 0..per_step {
+                if ask >= ask_end {
+                    break;
+                }
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                    ask as *const i8,
+                );
+                ask = ask.wrapping_add(64);
+            }
             let off = s * 64;
             let bs = match b_tail {
                 Some(t) if s + 1 == steps => t,
@@ -722,6 +832,12 @@ mod tests {
                             steps,
                             c: c.as_mut_ptr() as *mut u8,
                             ldc: 128,
+                            // Hints over the panel itself: the loop runs, the values cannot change.
+                            ahead: StepPrefetch {
+                                from: panel.as_ptr(),
+                                end: panel.as_ptr_range().end,
+                                per_step: 3,
+                            },
                         },
                     );
                 }
@@ -991,6 +1107,35 @@ mod tests {
                 .sum();
             assert_eq!(got[i * n + j], want, "row {i} output {j}");
         }
+    }
+
+    /// Spread over a panel's blocks, the next panel's lines are asked for once each: the calls' ranges
+    /// follow one another and cover it, each within what its steps ask for (`per_step` lines a step).
+    #[test]
+    fn spread_prefetch_covers_the_next_panel_once() {
+        for len in [0usize, 64, 100, 160 << 10, 256 << 10, 1_000_003] {
+            for (calls, steps) in [
+                (1usize, 1usize),
+                (2, 40),
+                (6, 40),
+                (6, 80),
+                (24, 144),
+                (7, 3),
+            ] {
+                let mut at = 0;
+                for call in 0..calls {
+                    let (r, per_step) = spread_share(len, call, calls, steps);
+                    assert_eq!(r.start, at, "{len} {calls} {steps}: call {call}");
+                    assert!(r.len() <= per_step * 64 * steps);
+                    at = r.end;
+                }
+                assert_eq!(at, len, "{len} bytes, {calls} calls of {steps} steps");
+            }
+        }
+        assert_eq!(spread_share(4096, 0, 0, 5), (0..0, 0));
+        // The 4B at 94 rows: 2,560 lines of an int8 panel over 3 blocks × 2 halves × 40 steps.
+        assert_eq!(spread_share(160 << 10, 0, 6, 40).1, 11);
+        assert_eq!(spread_share(256 << 10, 0, 6, 80).1, 9);
     }
 
     /// Chunks are whole 32-row blocks inside the L2 budget and even (sizes one block apart at most);
