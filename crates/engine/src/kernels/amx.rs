@@ -198,26 +198,36 @@ pub(crate) struct Block {
     /// C: 32 rows of 32 f32/i32, `ldc` bytes apart.
     pub c: *mut u8,
     pub ldc: usize,
-    /// The next panel's lines this block asks into L2 between its steps.
+    /// The next panel's lines this block asks into L2 between its steps (a live slice, as
+    /// [`StepPrefetch::of`] makes).
     pub ahead: StepPrefetch,
 }
 
-/// Lines of the next panel a block asks into L2: `per_step` before each tile step, from `from` until
-/// `end` (both inside one slice; hints only, they change no value).
+/// Lines of the next panel a block asks into L2: the `len` bytes at `from`, `per_step` lines before each
+/// tile step (hints only, they change no value).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StepPrefetch {
     pub from: *const u8,
-    pub end: *const u8,
+    pub len: usize,
     pub per_step: usize,
 }
 
 impl StepPrefetch {
     /// Nothing to ask for.
     pub(crate) const NONE: StepPrefetch = StepPrefetch {
-        from: std::ptr::null(),
-        end: std::ptr::null(),
+        from: std::ptr::NonNull::dangling().as_ptr(),
+        len: 0,
         per_step: 0,
     };
+
+    /// All of `bytes`, `per_step` lines before each step.
+    fn of(bytes: &[u8], per_step: usize) -> Self {
+        StepPrefetch {
+            from: bytes.as_ptr(),
+            len: bytes.len(),
+            per_step,
+        }
+    }
 }
 
 /// How a panel asks the start of the next one ([`NEXT_PANEL_BYTES`]) into L2 while it runs.
@@ -534,12 +544,7 @@ unsafe fn run_panel<U: TileUnit>(
             let ahead = if schedule == NextPanel::Spread {
                 let (range, per_step) =
                     spread_share(next.len(), (r0 / ROWS) * halves + h, blocks * halves, steps);
-                let at = next[range].as_ptr_range();
-                StepPrefetch {
-                    from: at.start,
-                    end: at.end,
-                    per_step,
-                }
+                StepPrefetch::of(&next[range], per_step)
             } else {
                 StepPrefetch::NONE
             };
@@ -584,11 +589,9 @@ unsafe fn block(product: Product, blk: Block) {
         ldc,
         ahead,
     } = blk;
-    let StepPrefetch {
-        from: mut ask,
-        end: ask_end,
-        per_step,
-    } = ahead;
+    // SAFETY: `ahead` describes a live slice (see `StepPrefetch`; `NONE` an empty one).
+    let ask = unsafe { std::slice::from_raw_parts(ahead.from, ahead.len) };
+    let ask_step = 64 * ahead.per_step;
     // SAFETY: the caller's contract; tile loads read 16 rows × 64 bytes at the given strides, stores
     // write the same into C.
     unsafe {
@@ -601,15 +604,7 @@ unsafe fn block(product: Product, blk: Block) {
         );
         let a1 = a.add(16 * lda);
         for s in 0..steps {
-            for _ in 0..per_step {
-                if ask >= ask_end {
-                    break;
-                }
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    ask as *const i8,
-                );
-                ask = ask.wrapping_add(64);
-            }
+            super::x86::prefetch_l2(ask, s * ask_step, (s + 1) * ask_step);
             let off = s * 64;
             let bs = match b_tail {
                 Some(t) if s + 1 == steps => t,
@@ -833,11 +828,7 @@ mod tests {
                             c: c.as_mut_ptr() as *mut u8,
                             ldc: 128,
                             // Hints over the panel itself: the loop runs, the values cannot change.
-                            ahead: StepPrefetch {
-                                from: panel.as_ptr(),
-                                end: panel.as_ptr_range().end,
-                                per_step: 3,
-                            },
+                            ahead: StepPrefetch::of(&panel, 3),
                         },
                     );
                 }
