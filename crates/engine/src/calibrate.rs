@@ -12,7 +12,7 @@
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, WeightQuant, smoothing_factors};
 use crate::kernels::{Arm, PackedMatrix};
-use crate::model::{Backbone, Island, Layer, Linear, Mixer};
+use crate::model::{Backbone, Form, Island, Layer, Linear, Mixer};
 
 /// The largest `|x[k]|` each projection saw per input during calibration, in the order of
 /// [`Backbone::projection_names`].
@@ -229,34 +229,18 @@ impl Backbone {
         use ProjectionKind as K;
         let mut out = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            match &l.mixer {
-                Mixer::Gdn(g) => {
-                    out.push((
-                        format!("layers.{i}.linear_attn.in_proj"),
-                        &g.in_proj,
-                        K::GdnIn,
-                    ));
-                    out.push((
-                        format!("layers.{i}.linear_attn.out_proj"),
-                        &g.out_proj,
-                        K::GdnOut,
-                    ));
-                }
-                Mixer::Attn(a) => {
-                    out.push((format!("layers.{i}.self_attn.qkv_proj"), &a.qkv, K::AttnQkv));
-                    out.push((
-                        format!("layers.{i}.self_attn.o_proj"),
-                        &a.o_proj,
-                        K::AttnOut,
-                    ));
-                }
+            let (mixer_in, mixer_out, kinds) = match &l.mixer {
+                Mixer::Gdn(g) => (&g.in_proj, &g.out_proj, [K::GdnIn, K::GdnOut]),
+                Mixer::Attn(a) => (&a.qkv, &a.o_proj, [K::AttnQkv, K::AttnOut]),
+            };
+            for (lin, kind) in [
+                (mixer_in, kinds[0]),
+                (mixer_out, kinds[1]),
+                (&l.gate_up, K::MlpGateUp),
+                (&l.down, K::MlpDown),
+            ] {
+                out.push((projection_name(i, kind), lin, kind));
             }
-            out.push((
-                format!("layers.{i}.mlp.gate_up_proj"),
-                &l.gate_up,
-                K::MlpGateUp,
-            ));
-            out.push((format!("layers.{i}.mlp.down_proj"), &l.down, K::MlpDown));
         }
         out
     }
@@ -383,34 +367,54 @@ pub(crate) fn layer_projections(
     li: usize,
 ) -> [(&mut Linear, ProjectionKind, String); 4] {
     use ProjectionKind as K;
-    let (mixer_in, mixer_out, kinds, names) = match &mut layer.mixer {
-        Mixer::Gdn(g) => (
-            &mut g.in_proj,
-            &mut g.out_proj,
-            [K::GdnIn, K::GdnOut],
-            ["linear_attn.in_proj", "linear_attn.out_proj"],
-        ),
-        Mixer::Attn(a) => (
-            &mut a.qkv,
-            &mut a.o_proj,
-            [K::AttnQkv, K::AttnOut],
-            ["self_attn.qkv_proj", "self_attn.o_proj"],
-        ),
+    let (mixer_in, mixer_out, kinds) = match &mut layer.mixer {
+        Mixer::Gdn(g) => (&mut g.in_proj, &mut g.out_proj, [K::GdnIn, K::GdnOut]),
+        Mixer::Attn(a) => (&mut a.qkv, &mut a.o_proj, [K::AttnQkv, K::AttnOut]),
     };
     [
-        (mixer_in, kinds[0], format!("layers.{li}.{}", names[0])),
-        (mixer_out, kinds[1], format!("layers.{li}.{}", names[1])),
+        (mixer_in, kinds[0], projection_name(li, kinds[0])),
+        (mixer_out, kinds[1], projection_name(li, kinds[1])),
         (
             &mut layer.gate_up,
             K::MlpGateUp,
-            format!("layers.{li}.mlp.gate_up_proj"),
+            projection_name(li, K::MlpGateUp),
         ),
-        (
-            &mut layer.down,
-            K::MlpDown,
-            format!("layers.{li}.mlp.down_proj"),
-        ),
+        (&mut layer.down, K::MlpDown, projection_name(li, K::MlpDown)),
     ]
+}
+
+/// The name of decoder layer `li`'s (fused) projection of this kind, as the stored int8 form and
+/// [`Backbone::projection_names`] write it.
+pub(crate) fn projection_name(li: usize, kind: ProjectionKind) -> String {
+    use ProjectionKind as K;
+    let name = match kind {
+        K::GdnIn => "linear_attn.in_proj",
+        K::GdnOut => "linear_attn.out_proj",
+        K::AttnQkv => "self_attn.qkv_proj",
+        K::AttnOut => "self_attn.o_proj",
+        K::MlpGateUp => "mlp.gate_up_proj",
+        K::MlpDown => "mlp.down_proj",
+    };
+    format!("layers.{li}.{name}")
+}
+
+/// The form the load by `plan` packs decoder layer `li`'s projection `slot` in: its int8 form straight
+/// from the checkpoint where [`quantize_layer`] would quantise the float panels as they are (no
+/// smoothing, no float gate rows, no dequantised ablation), else float (islands, and what
+/// [`quantize_layer`] still quantises from the panels).
+pub(crate) fn load_form(plan: &Int8Plan, li: usize, slot: usize, kind: ProjectionKind) -> Form {
+    let float = plan.is_island(4 * li + slot, li, kind)
+        || plan.scope != SmoothScope::None
+        || plan.weights_only
+        || (plan.gdn_gates_fp32 && kind == ProjectionKind::GdnIn);
+    if !float {
+        Form::Int8(WeightQuant {
+            clip: plan.weight_clip,
+            narrow: plan.narrow_weights,
+        })
+    } else {
+        Form::Float
+    }
 }
 
 /// Quantise decoder layer `li`'s projections by `plan` as soon as the layer is packed, and drop each float
@@ -427,6 +431,10 @@ pub(crate) fn quantize_layer(
     for (slot, (l, kind, name)) in layer_projections(layer, li).into_iter().enumerate() {
         if plan.is_island(4 * li + slot, li, kind) {
             l.island = island;
+            continue;
+        }
+        if l.w.float_dropped() {
+            // Built in its int8 form as it was packed (`load_form`).
             continue;
         }
         l.quantize(&name, kind, gates, plan, None)?;

@@ -20,10 +20,10 @@ use std::path::Path;
 
 use kev_release::shards::TensorStore;
 
-use crate::calibrate::{ProjectionKind, layer_projections};
+use crate::calibrate::{ProjectionKind, layer_projections, projection_name};
 use crate::error::EngineError;
 use crate::kernels::int8::PackedInt8;
-use crate::model::{Backbone, Island, Layer};
+use crate::model::{Backbone, Form, Island, Layer};
 
 /// The file name of the stored int8 form in a prepared directory.
 pub const INT8_FILE: &str = "int8.safetensors";
@@ -205,6 +205,19 @@ impl StoredInt8 {
         EngineError::Int8(format!("{}: {what}", self.path.display()))
     }
 
+    /// The form the load packs decoder layer `li`'s projection of this kind in: float for the islands
+    /// and an `in_proj` whose gate rows stay fp32 (their float rows are copied out first); every other
+    /// projection gets its stored form with no float copy made.
+    pub(crate) fn load_form(&self, li: usize, kind: ProjectionKind) -> Form {
+        if self.islands.contains(&projection_name(li, kind))
+            || (self.gates && kind == ProjectionKind::GdnIn)
+        {
+            Form::Float
+        } else {
+            Form::Int8Stored
+        }
+    }
+
     /// Install decoder layer `li`'s stored forms (`gate_rows`: the GDN gate rows at the end of each
     /// `in_proj`) and drop the float copies but the islands'.
     pub(crate) fn install_layer(
@@ -328,31 +341,60 @@ mod tests {
             .collect()
     }
 
-    /// Quantising each layer as it loads gives the bits of quantising the loaded model, with the same
-    /// islands, and holds no float projection but the islands'.
+    /// A projection's name, its int8 form (row-major `q`, scales' bits, 7-bit or not) and whether it is an
+    /// island.
+    type Int8Form = (String, Option<(Vec<i8>, Vec<u32>, bool)>, bool);
+
+    fn int8_forms(m: &Backbone) -> Vec<Int8Form> {
+        m.projections()
+            .into_iter()
+            .map(|(name, l, _)| {
+                let q = l.w.int8_built().map(|q| {
+                    let scales = q.scales().iter().map(|s| s.to_bits()).collect();
+                    (q.q_rows(), scales, q.narrow())
+                });
+                (name, q, l.island != crate::model::Island::None)
+            })
+            .collect()
+    }
+
+    /// Quantising each layer as it loads — straight from the checkpoint's rows, an adapter merged a row at
+    /// a time, no float copy made — gives the bytes and scales of quantising the loaded model's float
+    /// panels, with the same islands, and holds no float projection but the islands': on the plain base,
+    /// with an adapter merged at load, and with one kept unmerged; and the same hidden-state bits.
     #[test]
     fn quantising_at_load_is_quantising_after_load() {
-        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release/base");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/release");
+        let base = root.join("base");
         let plan = Int8Plan {
             scope: crate::SmoothScope::None,
             ..Int8Plan::default()
         };
-        let mut a = Backbone::load(&base, &LoadOptions::default()).unwrap();
-        let bytes = a.quantize_int8(None, plan).unwrap();
-        a.drop_float_projections();
-        let b = Backbone::load_quantised(&base, &LoadOptions::default(), Int8Source::Rule(&plan))
-            .unwrap();
-        assert_eq!(b.int8_bytes(), bytes);
-        assert_eq!(b.weight_bytes(), a.weight_bytes());
-        let islands = |m: &Backbone| -> Vec<bool> {
-            m.projections()
-                .iter()
-                .map(|(_, l, _)| l.island != crate::model::Island::None)
-                .collect()
+        let merged = LoadOptions {
+            adapter: Some(root.join("kev")),
+            merge_adapter: true,
+            ..LoadOptions::default()
         };
-        assert_eq!(islands(&a), islands(&b));
-        assert!(islands(&b).iter().any(|x| *x), "the rule has islands");
-        assert_eq!(int8_bits(&a), int8_bits(&b));
+        let exact = LoadOptions {
+            adapter: Some(root.join("kev")),
+            ..LoadOptions::default()
+        };
+        for opts in [LoadOptions::default(), merged, exact] {
+            let mut a = Backbone::load(&base, &opts).unwrap();
+            let bytes = a.quantize_int8(None, plan).unwrap();
+            a.drop_float_projections();
+            let b = Backbone::load_quantised(&base, &opts, Int8Source::Rule(&plan)).unwrap();
+            assert_eq!(b.int8_bytes(), bytes);
+            assert_eq!(b.weight_bytes(), a.weight_bytes());
+            let (fa, fb) = (int8_forms(&a), int8_forms(&b));
+            assert_eq!(fa, fb, "{opts:?}");
+            assert!(fb.iter().any(|f| f.2), "the rule has islands");
+            assert!(
+                fb.iter().all(|f| f.2 || f.1.is_some()),
+                "every other projection is int8"
+            );
+            assert_eq!(int8_bits(&a), int8_bits(&b));
+        }
     }
 
     /// The stored form, installed layer by layer as the model loads, gives back bit for bit the int8 arm it

@@ -10,9 +10,11 @@ use std::path::Path;
 use kev_release::shards::{Dtype, TensorStore};
 
 use crate::calibrate::Observe;
+use crate::calibrate::ProjectionKind;
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
-use crate::kernels::pack::{Part, Source};
+use crate::kernels::int8::{PackedInt8, WeightQuant};
+use crate::kernels::pack::{Part, PartRows, Source};
 use rayon::prelude::*;
 
 use crate::kernels::{Arm, Kernels, PackedMatrix, Rows, RowsMut, Run, SendPtr, gemm, matmul};
@@ -368,16 +370,28 @@ impl Backbone {
         let kern = opts.kernels.unwrap_or_else(Kernels::detect);
         let gates = 2 * weights.config.linear_num_value_heads;
         match source {
-            Int8Source::Rule(plan) => {
-                Self::build(&weights, opts.merge_adapter, kern, &|layer, li| {
-                    crate::calibrate::quantize_layer(layer, li, plan, gates)
-                })
-            }
+            Int8Source::Rule(plan) => Self::build(
+                &weights,
+                opts.merge_adapter,
+                kern,
+                Some(&LoadSteps {
+                    form: &|li, slot, kind| crate::calibrate::load_form(plan, li, slot, kind),
+                    per_layer: &|layer, li| {
+                        crate::calibrate::quantize_layer(layer, li, plan, gates)
+                    },
+                }),
+            ),
             Int8Source::Stored(path) => {
                 let stored = crate::int8_file::StoredInt8::open(path)?;
-                let model = Self::build(&weights, opts.merge_adapter, kern, &|layer, li| {
-                    stored.install_layer(layer, li, gates)
-                })?;
+                let model = Self::build(
+                    &weights,
+                    opts.merge_adapter,
+                    kern,
+                    Some(&LoadSteps {
+                        form: &|li, _, kind| stored.load_form(li, kind),
+                        per_layer: &|layer, li| stored.install_layer(layer, li, gates),
+                    }),
+                )?;
                 stored.finish(&model)?;
                 Ok(model)
             }
@@ -398,15 +412,16 @@ impl Backbone {
     /// Pack the checkpoint tree; with `merge`, each LoRA is merged into its weight (BF16, bit-exact with
     /// the prepared export), else it is kept unmerged beside the packed weight.
     pub fn from_weights(w: &Weights<'_>, merge: bool, kern: Kernels) -> Result<Self, EngineError> {
-        Self::build(w, merge, kern, &|_, _| Ok(()))
+        Self::build(w, merge, kern, None)
     }
 
-    /// Pack every layer, running `per_layer` on each as soon as it is packed (the int8 loads' step).
+    /// Pack every layer, in the forms `steps` chooses, running its `per_layer` on each as soon as it is
+    /// packed (the int8 loads); without `steps`, every projection in float.
     fn build(
         w: &Weights<'_>,
         merge: bool,
         kern: Kernels,
-        per_layer: &dyn Fn(&mut Layer, usize) -> Result<(), EngineError>,
+        steps: Option<&LoadSteps<'_>>,
     ) -> Result<Self, EngineError> {
         let cfg = w.config.clone();
         let embed = match w.embed_tokens.dtype() {
@@ -422,8 +437,11 @@ impl Backbone {
             .iter()
             .enumerate()
             .map(|(li, l)| {
-                let mut layer = pack_layer(w, l, merge)?;
-                per_layer(&mut layer, li)?;
+                let form = |slot, kind| steps.map_or(Form::Float, |s| (s.form)(li, slot, kind));
+                let mut layer = pack_layer(w, l, merge, &form)?;
+                if let Some(s) = steps {
+                    (s.per_layer)(&mut layer, li)?;
+                }
                 Ok(layer)
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -667,12 +685,35 @@ impl Layer {
     }
 }
 
-/// Pack one decoder layer of the tree.
+/// What the loader builds of one projection as it packs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// The float panels (every arm can run it; the int8 loads' islands and what they quantise later).
+    Float,
+    /// The int8 form alone, quantised from the checkpoint's rows as they are read (an adapter merged a
+    /// row at a time): no float copy of the projection is ever made. The same bytes as quantising the
+    /// float panels (their values are the rows' values).
+    Int8(WeightQuant),
+    /// Neither: the layer's `per_layer` step installs a stored int8 form next.
+    Int8Stored,
+}
+
+/// The int8 loads' choices while [`Backbone::build`] packs: each projection's [`Form`] (by decoder layer,
+/// slot in the layer as `calibrate::layer_projections` orders them, and kind), and the step run on each
+/// layer once it is packed.
+pub(crate) struct LoadSteps<'a> {
+    pub form: &'a dyn Fn(usize, usize, ProjectionKind) -> Form,
+    pub per_layer: &'a dyn Fn(&mut Layer, usize) -> Result<(), EngineError>,
+}
+
+/// Pack one decoder layer of the tree, each projection in the form `form(slot, kind)` chooses.
 fn pack_layer(
     w: &Weights<'_>,
     l: &weights::DecoderLayer<'_>,
     merge: bool,
+    form: &dyn Fn(usize, ProjectionKind) -> Form,
 ) -> Result<Layer, EngineError> {
+    use ProjectionKind as K;
     let mixer = match &l.mixer {
         weights::Mixer::LinearAttn(g) => {
             let cd = w.config.conv_dim();
@@ -689,61 +730,111 @@ fn pack_layer(
                     w,
                     &[&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_b, &g.in_proj_a],
                     merge,
+                    form(0, K::GdnIn),
                 )?,
                 conv_t,
                 dt_bias: g.dt_bias.to_f32(),
                 neg_a: g.a_log.to_f32().iter().map(|x| -x.exp()).collect(),
                 norm: g.norm.to_f32(),
-                out_proj: pack(w, &[&g.out_proj], merge)?,
+                out_proj: pack(w, &[&g.out_proj], merge, form(1, K::GdnOut))?,
             })
         }
         weights::Mixer::SelfAttn(a) => Mixer::Attn(AttnWeights {
-            qkv: pack(w, &[&a.q_proj, &a.k_proj, &a.v_proj], merge)?,
+            qkv: pack(
+                w,
+                &[&a.q_proj, &a.k_proj, &a.v_proj],
+                merge,
+                form(0, K::AttnQkv),
+            )?,
             q_norm: norm1p(&a.q_norm),
             k_norm: norm1p(&a.k_norm),
-            o_proj: pack(w, &[&a.o_proj], merge)?,
+            o_proj: pack(w, &[&a.o_proj], merge, form(1, K::AttnOut))?,
         }),
     };
     Ok(Layer {
         input_norm: norm1p(&l.input_layernorm),
         post_norm: norm1p(&l.post_attention_layernorm),
         mixer,
-        gate_up: pack(w, &[&l.mlp.gate_proj, &l.mlp.up_proj], merge)?,
-        down: pack(w, &[&l.mlp.down_proj], merge)?,
+        gate_up: pack(
+            w,
+            &[&l.mlp.gate_proj, &l.mlp.up_proj],
+            merge,
+            form(2, K::MlpGateUp),
+        )?,
+        down: pack(w, &[&l.mlp.down_proj], merge, form(3, K::MlpDown))?,
     })
 }
 
-/// Pack the vertical concatenation of `parts` (projections reading the same input) into one panel matrix,
-/// each LoRA merged into its part or kept as a segment over the part's columns.
-fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linear, EngineError> {
+/// Pack the vertical concatenation of `parts` (projections reading the same input) into one matrix in
+/// `form`, each LoRA merged into its part or kept as a segment over the part's columns.
+fn pack(
+    w: &Weights<'_>,
+    parts: &[&Projection<'_>],
+    merge: bool,
+    form: Form,
+) -> Result<Linear, EngineError> {
     let k = parts[0].cols();
     let mut segs = Vec::new();
-    let mut merged: Vec<Option<Vec<u16>>> = Vec::with_capacity(parts.len());
     let mut col = 0;
     for p in parts {
-        if merge {
-            merged.push(p.merged_bf16()?);
-        } else {
-            merged.push(None);
-            if let Some(pair) = &p.lora {
-                segs.push(seg(pair, col, p.rows(), k));
-            }
+        if !merge && let Some(pair) = &p.lora {
+            segs.push(seg(pair, col, p.rows(), k));
         }
         col += p.rows();
     }
-    let srcs: Vec<Part<'_>> = parts
-        .iter()
-        .zip(&merged)
-        .map(|(p, mg)| Part {
-            rows: p.rows(),
-            src: match mg {
-                Some(bits) => Source::Bf16Bits(bits),
-                None if p.weight.dtype() == Dtype::BF16 => Source::Bf16(p.weight.view().data),
-                None => Source::F32(p.weight.view().data),
-            },
-        })
-        .collect();
-    let m = PackedMatrix::from_parts(k, &srcs);
+    let m = match form {
+        Form::Float => {
+            let merged = parts
+                .iter()
+                .map(|p| if merge { p.merged_bf16() } else { Ok(None) })
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            let srcs: Vec<Part<'_>> = parts
+                .iter()
+                .zip(&merged)
+                .map(|(p, mg)| Part {
+                    rows: p.rows(),
+                    src: match mg {
+                        Some(bits) => Source::Bf16Bits(bits),
+                        None => stored(p),
+                    },
+                })
+                .collect();
+            PackedMatrix::from_parts(k, &srcs)
+        }
+        Form::Int8(quant) => {
+            let loras: Vec<Option<(kev_release::adapter::LoraWeights, f32)>> = parts
+                .iter()
+                .map(|p| if merge { p.lora_weights() } else { None })
+                .collect();
+            let merges = parts
+                .iter()
+                .zip(&loras)
+                .map(|(p, lw)| {
+                    lw.as_ref()
+                        .map(|(l, scale)| kev_release::RowMerge::new(p.weight.view(), l, *scale))
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| EngineError::Adapter(e.to_string()))?;
+            let srcs: Vec<Source<'_>> = parts.iter().map(|p| stored(p)).collect();
+            let at = PartRows::new(parts.iter().map(|p| p.rows()));
+            let q = PackedInt8::from_rows_opts(
+                at.n(),
+                k,
+                |row, out| {
+                    let (pi, r) = at.locate(row);
+                    match &merges[pi] {
+                        Some(m) => m.row_f32(r, &mut vec![0f32; k], out),
+                        None => srcs[pi].row_f32(r, k, out),
+                    }
+                },
+                None,
+                quant,
+            );
+            PackedMatrix::int8_only(q)
+        }
+        Form::Int8Stored => PackedMatrix::int8_pending(parts.iter().map(|p| p.rows()).sum(), k),
+    };
     for p in parts {
         w.release(&p.weight);
     }
@@ -753,6 +844,15 @@ fn pack(w: &Weights<'_>, parts: &[&Projection<'_>], merge: bool) -> Result<Linea
         island: Default::default(),
         float_tail: Default::default(),
     })
+}
+
+/// A projection's weight as the checkpoint stores it (BF16 or F32).
+fn stored<'a>(p: &Projection<'a>) -> Source<'a> {
+    if p.weight.dtype() == Dtype::BF16 {
+        Source::Bf16(p.weight.view().data)
+    } else {
+        Source::F32(p.weight.view().data)
+    }
 }
 
 /// A LoRA pair as a segment over output columns `[col, col + n)` (shapes checked by the tree).

@@ -126,19 +126,30 @@ impl Projection<'_> {
     /// With a LoRA: `bf16(fp32(W) + (B @ A) · s)`, bit-exact with PEFT's merge and the author's export
     /// (`kev_release::merge`); without one, `None`.
     pub fn merged_bf16(&self) -> Result<Option<Vec<u16>>, EngineError> {
-        let Some(pair) = &self.lora else {
+        let Some((lw, scale)) = self.lora_weights() else {
             return Ok(None);
         };
-        let lw = LoraWeights {
-            r: pair.r,
-            in_features: pair.k,
-            out_features: pair.n,
-            a: pair.a.clone(),
-            b: pair.b.clone(),
-        };
-        let merged = merge_weight(self.weight.view(), &lw, pair.scale)
+        let merged = merge_weight(self.weight.view(), &lw, scale)
             .map_err(|e| EngineError::Adapter(e.to_string()))?;
         Ok(Some(merged.into_iter().map(|x| x.to_bits()).collect()))
+    }
+
+    /// The LoRA pair as the merge takes it (with its scale), if there is one: for
+    /// [`kev_release::RowMerge`], which merges a row at a time where the whole merged matrix is never
+    /// needed (the int8 load).
+    pub fn lora_weights(&self) -> Option<(LoraWeights, f32)> {
+        self.lora.as_ref().map(|pair| {
+            (
+                LoraWeights {
+                    r: pair.r,
+                    in_features: pair.k,
+                    out_features: pair.n,
+                    a: pair.a.clone(),
+                    b: pair.b.clone(),
+                },
+                pair.scale,
+            )
+        })
     }
 
     /// The weight as BF16 bits with the LoRA merged in where there is one.

@@ -26,6 +26,6 @@ pub use head::{Delimiters, HeadError, HeadMeta, HeadProvenance, KevHead, Linear,
 pub use manifest::{
     DigestKind, FileHashes, Manifest, ManifestError, PinnedFile, ReleasePins, RepoPin, verify,
 };
-pub use merge::{MergeError, merge_weight};
+pub use merge::{MergeError, RowMerge, merge_weight};
 pub use published::Release;
 pub use shards::{Dtype, ShardError, TensorStore, TensorView};

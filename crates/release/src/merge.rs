@@ -147,6 +147,92 @@ fn row_to_f32(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// One adapted weight, checked once and merged a row at a time: what [`merge_weight`] runs over every
+/// row, and what a loader that never holds the whole merged matrix (the engine's int8 load) runs per row.
+#[derive(Debug, Clone, Copy)]
+pub struct RowMerge<'a> {
+    data: &'a [u8],
+    dtype: Dtype,
+    esize: usize,
+    lora: &'a LoraWeights,
+    scale: f32,
+}
+
+impl<'a> RowMerge<'a> {
+    /// Check `w` (`[out, in]`, BF16, F16 or F32) against the adapter's factors.
+    pub fn new(w: &TensorView<'a>, lora: &'a LoraWeights, scale: f32) -> Result<Self, MergeError> {
+        let (out_f, in_f) = (lora.out_features, lora.in_features);
+        if w.shape != [out_f, in_f] {
+            return Err(MergeError::Shape {
+                name: w.name.to_string(),
+                base: w.shape.to_vec(),
+                out: out_f,
+                inp: in_f,
+            });
+        }
+        if lora.a.len() != lora.r * in_f || lora.b.len() != out_f * lora.r {
+            return Err(MergeError::Factors {
+                name: w.name.to_string(),
+                a: lora.a.len(),
+                b: lora.b.len(),
+                r: lora.r,
+            });
+        }
+        let esize = match w.dtype {
+            Dtype::BF16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+            other => {
+                return Err(MergeError::Dtype {
+                    name: w.name.to_string(),
+                    dtype: other.name(),
+                });
+            }
+        };
+        if w.data.len() != out_f * in_f * esize {
+            return Err(MergeError::Length {
+                name: w.name.to_string(),
+                len: w.data.len(),
+                shape: w.shape.to_vec(),
+            });
+        }
+        Ok(RowMerge {
+            data: w.data,
+            dtype: w.dtype,
+            esize,
+            lora,
+            scale,
+        })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.lora.out_features
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.lora.in_features
+    }
+
+    /// Merged row `row`, each value the bf16 of the merge widened back to f32 (exact):
+    /// `out[c] = f32(bf16(fp32(W[row, c]) + (B @ A)[row, c] · scale))`. `delta` is scratch; both have
+    /// [`RowMerge::cols`] values.
+    pub fn row_f32(&self, row: usize, delta: &mut [f32], out: &mut [f32]) {
+        let (r, in_f) = (self.lora.r, self.lora.in_features);
+        lora_delta_row(
+            &self.lora.b[row * r..(row + 1) * r],
+            &self.lora.a,
+            self.scale,
+            delta,
+        );
+        let bytes = &self.data[row * in_f * self.esize..(row + 1) * in_f * self.esize];
+        row_to_f32(self.dtype, bytes, out);
+        for (o, &d) in out.iter_mut().zip(delta.iter()) {
+            *o = bf16_rne(*o + d).to_f32();
+        }
+    }
+}
+
 /// Merge one adapted weight: `bf16(fp32(W) + (B @ A) · scale)`, rows in parallel (rayon).
 ///
 /// `w` is the base weight `[out, in]` in BF16, F16 or F32; the result is `[out, in]` row-major BF16.
@@ -155,53 +241,19 @@ pub fn merge_weight(
     lora: &LoraWeights,
     scale: f32,
 ) -> Result<Vec<bf16>, MergeError> {
-    let (out_f, in_f) = (lora.out_features, lora.in_features);
-    if w.shape != [out_f, in_f] {
-        return Err(MergeError::Shape {
-            name: w.name.to_string(),
-            base: w.shape.to_vec(),
-            out: out_f,
-            inp: in_f,
-        });
-    }
-    if lora.a.len() != lora.r * in_f || lora.b.len() != out_f * lora.r {
-        return Err(MergeError::Factors {
-            name: w.name.to_string(),
-            a: lora.a.len(),
-            b: lora.b.len(),
-            r: lora.r,
-        });
-    }
-    let esize = match w.dtype {
-        Dtype::BF16 | Dtype::F16 => 2,
-        Dtype::F32 => 4,
-        other => {
-            return Err(MergeError::Dtype {
-                name: w.name.to_string(),
-                dtype: other.name(),
-            });
-        }
-    };
-    if w.data.len() != out_f * in_f * esize {
-        return Err(MergeError::Length {
-            name: w.name.to_string(),
-            len: w.data.len(),
-            shape: w.shape.to_vec(),
-        });
-    }
-    let mut merged = vec![bf16::ZERO; out_f * in_f];
+    let rows = RowMerge::new(w, lora, scale)?;
+    let in_f = rows.cols();
+    let mut merged = vec![bf16::ZERO; rows.rows() * in_f];
     if in_f == 0 {
         return Ok(merged);
     }
-    let r = lora.r;
     merged.par_chunks_mut(in_f).enumerate().for_each_init(
         || (vec![0f32; in_f], vec![0f32; in_f]),
-        |(delta, base), (row, dst)| {
-            lora_delta_row(&lora.b[row * r..(row + 1) * r], &lora.a, scale, delta);
-            let bytes = &w.data[row * in_f * esize..(row + 1) * in_f * esize];
-            row_to_f32(w.dtype, bytes, base);
-            for ((d, &wv), &dv) in dst.iter_mut().zip(base.iter()).zip(delta.iter()) {
-                *d = bf16_rne(wv + dv);
+        |(delta, row_f32), (row, dst)| {
+            rows.row_f32(row, delta, row_f32);
+            // Each value is a bf16 already (or bf16_rne's canonical NaN): its top half is its bits.
+            for (d, v) in dst.iter_mut().zip(row_f32.iter()) {
+                *d = bf16::from_bits((v.to_bits() >> 16) as u16);
             }
         },
     );

@@ -30,6 +30,36 @@ pub enum Source<'a> {
     Bf16Bits(&'a [u16]),
 }
 
+impl Source<'_> {
+    /// Row `r` of a `[rows, k]` source widened to f32 (exact for every source).
+    pub fn row_f32(&self, r: usize, k: usize, out: &mut [f32]) {
+        match *self {
+            Source::Bf16(b) => {
+                for (o, x) in out
+                    .iter_mut()
+                    .zip(b[r * k * 2..(r + 1) * k * 2].chunks_exact(2))
+                {
+                    *o = bf16_to_f32(u16::from_le_bytes([x[0], x[1]]));
+                }
+            }
+            Source::F32(b) => {
+                for (o, x) in out
+                    .iter_mut()
+                    .zip(b[r * k * 4..(r + 1) * k * 4].chunks_exact(4))
+                {
+                    *o = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
+                }
+            }
+            Source::F32Slice(s) => out.copy_from_slice(&s[r * k..(r + 1) * k]),
+            Source::Bf16Bits(s) => {
+                for (o, x) in out.iter_mut().zip(&s[r * k..(r + 1) * k]) {
+                    *o = bf16_to_f32(*x);
+                }
+            }
+        }
+    }
+}
+
 /// A block of consecutive output rows.
 #[derive(Debug, Clone, Copy)]
 pub struct Part<'a> {
@@ -37,6 +67,37 @@ pub struct Part<'a> {
     pub rows: usize,
     /// The values.
     pub src: Source<'a>,
+}
+
+/// Where each global row of a vertical concatenation of parts comes from.
+#[derive(Debug, Clone)]
+pub struct PartRows {
+    starts: Vec<usize>,
+    n: usize,
+}
+
+impl PartRows {
+    /// The concatenation of parts of these row counts.
+    pub fn new(rows: impl IntoIterator<Item = usize>) -> Self {
+        let mut starts = Vec::new();
+        let mut n = 0;
+        for r in rows {
+            starts.push(n);
+            n += r;
+        }
+        PartRows { starts, n }
+    }
+
+    /// Rows in all.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Global row `row` as (part, row within the part).
+    pub fn locate(&self, row: usize) -> (usize, usize) {
+        let i = self.starts.partition_point(|&s| s <= row) - 1;
+        (i, row - self.starts[i])
+    }
 }
 
 pub(crate) enum Store {
@@ -91,17 +152,8 @@ impl PackedMatrix {
                 .all(|c| c.chunks_exact(4).all(|x| x[0] == 0 && x[1] == 0)),
             Source::F32Slice(s) => s.par_iter().all(|x| x.to_bits() & 0xffff == 0),
         });
-        // Row start of each part, to find a global row's source.
-        let mut starts = Vec::with_capacity(parts.len());
-        let mut acc = 0;
-        for p in parts {
-            starts.push(acc);
-            acc += p.rows;
-        }
-        let locate = |row: usize| -> (usize, usize) {
-            let i = starts.partition_point(|&s| s <= row) - 1;
-            (i, row - starts[i])
-        };
+        let at = PartRows::new(parts.iter().map(|p| p.rows));
+        let locate = |row: usize| at.locate(row);
         let kp = k.div_ceil(2);
         let panels = n.div_ceil(NR);
         let panel_len = kp * NR * 2;
@@ -152,37 +204,16 @@ impl PackedMatrix {
             data.par_chunks_mut(panel_len)
                 .enumerate()
                 .for_each(|(p, chunk)| {
+                    let mut vals = vec![0f32; k];
                     for j in 0..NR {
                         let row = p * NR + j;
                         if row >= n {
                             break;
                         }
                         let (pi, r) = locate(row);
-                        match parts[pi].src {
-                            Source::Bf16(b) => {
-                                let rb = &b[r * k * 2..(r + 1) * k * 2];
-                                for (kk, x) in rb.chunks_exact(2).enumerate() {
-                                    chunk[kk * NR + j] =
-                                        bf16_to_f32(u16::from_le_bytes([x[0], x[1]]));
-                                }
-                            }
-                            Source::F32(b) => {
-                                let rb = &b[r * k * 4..(r + 1) * k * 4];
-                                for (kk, x) in rb.chunks_exact(4).enumerate() {
-                                    chunk[kk * NR + j] =
-                                        f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
-                                }
-                            }
-                            Source::F32Slice(s) => {
-                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
-                                    chunk[kk * NR + j] = *x;
-                                }
-                            }
-                            Source::Bf16Bits(s) => {
-                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
-                                    chunk[kk * NR + j] = bf16_to_f32(*x);
-                                }
-                            }
+                        parts[pi].src.row_f32(r, k, &mut vals);
+                        for (kk, v) in vals.iter().enumerate() {
+                            chunk[kk * NR + j] = *v;
                         }
                     }
                 });
@@ -195,6 +226,27 @@ impl PackedMatrix {
             store,
             int8: std::sync::OnceLock::new(),
             float_dropped: false,
+        }
+    }
+
+    /// A matrix held only in its int8 form, built without a float copy (the int8 loads): only the int8
+    /// arm may use it, as after [`PackedMatrix::drop_float`].
+    pub fn int8_only(q: super::int8::PackedInt8) -> Self {
+        let m = Self::int8_pending(q.n(), q.k());
+        m.set_int8(q);
+        m
+    }
+
+    /// A `[n, k]` matrix whose int8 form is installed next ([`PackedMatrix::set_int8`], from a stored
+    /// form) and which never had a float copy: nothing but the int8 arm, once installed, may use it.
+    pub fn int8_pending(n: usize, k: usize) -> Self {
+        PackedMatrix {
+            n,
+            k,
+            kp: k.div_ceil(2),
+            store: Store::Bf16(AlignedBuf::zeroed(0)),
+            int8: std::sync::OnceLock::new(),
+            float_dropped: true,
         }
     }
 
