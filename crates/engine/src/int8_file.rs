@@ -236,16 +236,23 @@ impl StoredInt8 {
                 l.keep_float_rows(gate_rows, &name)?;
             }
             let (n, k) = (l.w.n(), l.w.k());
-            let q: Vec<i8> = self.read(&name, "qweight", &[n, k], "I8", |b| {
-                b.iter().map(|&x| x as i8).collect()
-            })?;
             let scale = self.read(&name, "scale", &[n], "F32", f32_values)?;
             let smooth = if self.store.contains(&format!("{name}.smooth")) {
                 Some(self.read(&name, "smooth", &[k], "F32", f32_values)?)
             } else {
                 None
             };
-            let packed = PackedInt8::from_quantised(n, k, &q, &scale, smooth.as_deref())
+            // Packed straight from the mapping (no copy of the weights first).
+            let packed = self
+                .read(&name, "qweight", &[n, k], "I8", |b| {
+                    PackedInt8::from_quantised(
+                        n,
+                        k,
+                        bytemuck::cast_slice(b),
+                        &scale,
+                        smooth.as_deref(),
+                    )
+                })?
                 .map_err(|e| self.bad(format!("{name}: {e}")))?;
             self.installed.set(self.installed.get() + 1);
             self.wide

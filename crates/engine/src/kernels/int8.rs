@@ -280,9 +280,6 @@ impl PackedInt8 {
         if q.len() != n * k || scale.len() != n || smooth.is_some_and(|f| f.len() != k) {
             return Err(format!("int8 form: sizes do not match [{n}, {k}]"));
         }
-        if q.contains(&i8::MIN) {
-            return Err("int8 form: −128 is outside the symmetric range".into());
-        }
         if !scale.iter().all(|s| s.is_finite() && *s >= 0.0) {
             return Err("int8 form: a scale is negative or not finite".into());
         }
@@ -297,20 +294,31 @@ impl PackedInt8 {
         let panel_len = kg * NR * G;
         let mut data = AlignedBuf::<i8>::zeroed(panels * panel_len);
         let mut sc = vec![0f32; panels * NR];
+        sc[..n].copy_from_slice(scale);
         let mut wsum = vec![0i32; panels * NR];
-        data.par_chunks_mut(panel_len.max(1))
+        // One pass over the (mapped) weights: packed, summed and checked panel by panel in parallel.
+        let (has_min, wide) = data
+            .par_chunks_mut(panel_len.max(1))
+            .zip(wsum.par_chunks_mut(NR))
             .enumerate()
-            .for_each(|(p, chunk)| {
-                for j in 0..NR.min(n - p * NR) {
+            .map(|(p, (chunk, ws))| {
+                let (mut has_min, mut wide) = (false, false);
+                for (j, sum) in ws.iter_mut().enumerate().take(n - p * NR) {
                     let row = &q[(p * NR + j) * k..(p * NR + j + 1) * k];
+                    let mut s = 0i32;
                     for (kk, &v) in row.iter().enumerate() {
                         chunk[(kk / G) * NR * G + j * G + kk % G] = v;
+                        s += v as i32;
+                        has_min |= v == i8::MIN;
+                        wide |= v.unsigned_abs() > NARROW as u8;
                     }
+                    *sum = s;
                 }
-            });
-        for r in 0..n {
-            sc[r] = scale[r];
-            wsum[r] = q[r * k..(r + 1) * k].iter().map(|&x| x as i32).sum();
+                (has_min, wide)
+            })
+            .reduce(|| (false, false), |a, b| (a.0 || b.0, a.1 || b.1));
+        if has_min {
+            return Err("int8 form: −128 is outside the symmetric range".into());
         }
         Ok(PackedInt8 {
             n,
@@ -321,7 +329,7 @@ impl PackedInt8 {
             wsum,
             unsmooth: smooth.map(|f| f.iter().map(|x| 1.0 / x).collect()),
             factors: smooth.map(<[f32]>::to_vec),
-            narrow: q.iter().all(|v| v.unsigned_abs() <= NARROW as u8),
+            narrow: !wide,
         })
     }
 

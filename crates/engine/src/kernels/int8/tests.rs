@@ -168,9 +168,18 @@ fn narrow_weights_at_their_extremes_are_exact() {
     let mut q = w.q_rows();
     let stored = PackedInt8::from_quantised(n, k, &q, w.scales(), None).unwrap();
     assert!(stored.narrow());
+    // Packed, scaled and summed as the form it was read from (the sums through every kernel).
+    assert_eq!(stored.q_rows(), q);
+    assert_eq!(stored.scales(), w.scales());
+    every_path_is_the_definition(m, &a, k, &stored);
     q[5] = 64;
     let wide = PackedInt8::from_quantised(n, k, &q, w.scales(), None).unwrap();
     assert!(!wide.narrow());
+    every_path_is_the_definition(m, &a, k, &wide);
+    // −128 anywhere (here in the last, partial panel) is refused.
+    let mut bad = q.clone();
+    bad[(n - 1) * k + 3] = i8::MIN;
+    assert!(PackedInt8::from_quantised(n, k, &bad, w.scales(), None).is_err());
     assert!(!PackedInt8::from_f32(n, k, &wv).narrow());
     #[cfg(target_arch = "x86_64")]
     for (kern, path) in paths() {
