@@ -782,58 +782,64 @@ fn pack(
         }
         col += p.rows();
     }
+    // A merged adapter is merged a row at a time as the rows are packed or quantised (a stored int8 form
+    // needs neither).
+    let loras: Vec<Option<(kev_release::adapter::LoraWeights, f32)>> = parts
+        .iter()
+        .map(|p| {
+            if merge && form != Form::Int8Stored {
+                p.lora_weights()
+            } else {
+                None
+            }
+        })
+        .collect();
+    let merges = parts
+        .iter()
+        .zip(&loras)
+        .map(|(p, lw)| {
+            lw.as_ref()
+                .map(|(l, scale)| kev_release::RowMerge::new(p.weight.view(), l, *scale))
+                .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| EngineError::Adapter(e.to_string()))?;
+    let merged_rows: Vec<_> = merges
+        .iter()
+        .map(|m| {
+            m.as_ref().map(|m| {
+                move |r: usize, out: &mut [f32]| m.row_f32(r, &mut vec![0f32; out.len()], out)
+            })
+        })
+        .collect();
+    let srcs: Vec<Part<'_>> = parts
+        .iter()
+        .zip(&merged_rows)
+        .map(|(p, rows)| Part {
+            rows: p.rows(),
+            src: match rows {
+                Some(f) => Source::Bf16Rows(f),
+                None => stored(p),
+            },
+        })
+        .collect();
     let m = match form {
-        Form::Float => {
-            let merged = parts
-                .iter()
-                .map(|p| if merge { p.merged_bf16() } else { Ok(None) })
-                .collect::<Result<Vec<_>, EngineError>>()?;
-            let srcs: Vec<Part<'_>> = parts
-                .iter()
-                .zip(&merged)
-                .map(|(p, mg)| Part {
-                    rows: p.rows(),
-                    src: match mg {
-                        Some(bits) => Source::Bf16Bits(bits),
-                        None => stored(p),
-                    },
-                })
-                .collect();
-            PackedMatrix::from_parts(k, &srcs)
-        }
+        Form::Float => PackedMatrix::from_parts(k, &srcs),
         Form::Int8(quant) => {
-            let loras: Vec<Option<(kev_release::adapter::LoraWeights, f32)>> = parts
-                .iter()
-                .map(|p| if merge { p.lora_weights() } else { None })
-                .collect();
-            let merges = parts
-                .iter()
-                .zip(&loras)
-                .map(|(p, lw)| {
-                    lw.as_ref()
-                        .map(|(l, scale)| kev_release::RowMerge::new(p.weight.view(), l, *scale))
-                        .transpose()
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| EngineError::Adapter(e.to_string()))?;
-            let srcs: Vec<Source<'_>> = parts.iter().map(|p| stored(p)).collect();
-            let at = PartRows::new(parts.iter().map(|p| p.rows()));
+            let at = PartRows::new(srcs.iter().map(|p| p.rows));
             let q = PackedInt8::from_rows_opts(
                 at.n(),
                 k,
                 |row, out| {
                     let (pi, r) = at.locate(row);
-                    match &merges[pi] {
-                        Some(m) => m.row_f32(r, &mut vec![0f32; k], out),
-                        None => srcs[pi].row_f32(r, k, out),
-                    }
+                    srcs[pi].src.row_f32(r, k, out);
                 },
                 None,
                 quant,
             );
             PackedMatrix::int8_only(q)
         }
-        Form::Int8Stored => PackedMatrix::int8_pending(parts.iter().map(|p| p.rows()).sum(), k),
+        Form::Int8Stored => PackedMatrix::int8_pending(srcs.iter().map(|p| p.rows).sum(), k),
     };
     for p in parts {
         w.release(&p.weight);

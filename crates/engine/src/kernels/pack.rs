@@ -17,8 +17,11 @@ use super::buf::AlignedBuf;
 /// Output rows per panel (4 vectors of 16 f32 lanes).
 pub const NR: usize = 64;
 
+/// A row made on demand: `row(r, out)` writes row `r`'s `k` values.
+pub type RowFn<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
+
 /// Where the rows of one part of a packed matrix come from: little-endian bytes, row-major `[rows, k]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub enum Source<'a> {
     /// bfloat16 values.
     Bf16(&'a [u8]),
@@ -28,6 +31,21 @@ pub enum Source<'a> {
     F32Slice(&'a [f32]),
     /// bfloat16 bit patterns already in memory.
     Bf16Bits(&'a [u16]),
+    /// Rows made as they are packed, every value exactly a bfloat16 widened to f32 (a LoRA merged a
+    /// row at a time: no merged copy of the matrix is ever held).
+    Bf16Rows(RowFn<'a>),
+}
+
+impl std::fmt::Debug for Source<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Bf16(b) => write!(f, "Bf16({} bytes)", b.len()),
+            Source::F32(b) => write!(f, "F32({} bytes)", b.len()),
+            Source::F32Slice(s) => write!(f, "F32Slice({} values)", s.len()),
+            Source::Bf16Bits(s) => write!(f, "Bf16Bits({} values)", s.len()),
+            Source::Bf16Rows(_) => write!(f, "Bf16Rows"),
+        }
+    }
 }
 
 impl Source<'_> {
@@ -56,6 +74,7 @@ impl Source<'_> {
                     *o = bf16_to_f32(*x);
                 }
             }
+            Source::Bf16Rows(row) => row(r, out),
         }
     }
 }
@@ -142,11 +161,12 @@ impl PackedMatrix {
                 Source::F32(b) => b.len() / 4,
                 Source::F32Slice(s) => s.len(),
                 Source::Bf16Bits(s) => s.len(),
+                Source::Bf16Rows(_) => p.rows * k,
             };
             assert_eq!(len, p.rows * k, "part size does not match its shape");
         }
         let exact = parts.iter().all(|p| match p.src {
-            Source::Bf16(_) | Source::Bf16Bits(_) => true,
+            Source::Bf16(_) | Source::Bf16Bits(_) | Source::Bf16Rows(_) => true,
             Source::F32(b) => b
                 .par_chunks(4 * 4096)
                 .all(|c| c.chunks_exact(4).all(|x| x[0] == 0 && x[1] == 0)),
@@ -162,38 +182,17 @@ impl PackedMatrix {
             data.par_chunks_mut(panel_len)
                 .enumerate()
                 .for_each(|(p, chunk)| {
+                    let mut vals = vec![0f32; k];
                     for j in 0..NR {
                         let row = p * NR + j;
                         if row >= n {
                             break;
                         }
                         let (pi, r) = locate(row);
-                        let put = |kk: usize, v: u16, chunk: &mut [u16]| {
-                            chunk[((kk / 2) * NR + j) * 2 + (kk & 1)] = v;
-                        };
-                        match parts[pi].src {
-                            Source::Bf16(b) => {
-                                let rb = &b[r * k * 2..(r + 1) * k * 2];
-                                for (kk, x) in rb.chunks_exact(2).enumerate() {
-                                    put(kk, u16::from_le_bytes([x[0], x[1]]), chunk);
-                                }
-                            }
-                            Source::F32(b) => {
-                                let rb = &b[r * k * 4..(r + 1) * k * 4];
-                                for (kk, x) in rb.chunks_exact(4).enumerate() {
-                                    put(kk, u16::from_le_bytes([x[2], x[3]]), chunk);
-                                }
-                            }
-                            Source::F32Slice(s) => {
-                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
-                                    put(kk, (x.to_bits() >> 16) as u16, chunk);
-                                }
-                            }
-                            Source::Bf16Bits(s) => {
-                                for (kk, x) in s[r * k..(r + 1) * k].iter().enumerate() {
-                                    put(kk, *x, chunk);
-                                }
-                            }
+                        // Every value is a bf16 here (`exact`): its top half is its bits.
+                        parts[pi].src.row_f32(r, k, &mut vals);
+                        for (kk, v) in vals.iter().enumerate() {
+                            chunk[((kk / 2) * NR + j) * 2 + (kk & 1)] = (v.to_bits() >> 16) as u16;
                         }
                     }
                 });
