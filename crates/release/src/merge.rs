@@ -72,12 +72,17 @@ pub enum MergeError {
 /// becomes the canonical quiet NaN 0x7FC0.
 #[inline]
 pub fn bf16_rne(x: f32) -> bf16 {
-    if x.is_nan() {
-        return bf16::from_bits(0x7FC0);
-    }
+    bf16::from_bits((bf16_rne_f32(x).to_bits() >> 16) as u16)
+}
+
+/// [`bf16_rne`] widened back to f32 (exact): the rounding as integer operations and one select, which
+/// vectorise (the merge's inner loop).
+#[inline(always)]
+fn bf16_rne_f32(x: f32) -> f32 {
     let bits = x.to_bits();
     let rounding_bias = 0x7FFF + ((bits >> 16) & 1);
-    bf16::from_bits((bits.wrapping_add(rounding_bias) >> 16) as u16)
+    let rounded = bits.wrapping_add(rounding_bias) & 0xFFFF_0000;
+    f32::from_bits(if x.is_nan() { 0x7FC0_0000 } else { rounded })
 }
 
 /// One output row of `(B @ A)`: `out[c] = Σ_k B[row, k] · A[k, c]` as a chain of fused
@@ -250,7 +255,7 @@ impl<'a> RowMerge<'a> {
         let bytes = &self.data[row * in_f * self.esize..(row + 1) * in_f * self.esize];
         row_to_f32(self.dtype, bytes, out);
         for (o, &d) in out.iter_mut().zip(delta.iter()) {
-            *o = bf16_rne(*o + d).to_f32();
+            *o = bf16_rne_f32(*o + d);
         }
     }
 }
@@ -309,6 +314,22 @@ mod tests {
         assert_eq!(bf16_rne(-0.0).to_bits(), 0x8000);
         assert_eq!(bf16_rne(f32::from_bits(0xFFC0_1234)).to_bits(), 0x7FC0);
         assert_eq!(bf16_rne(f32::MAX).to_bits(), 0x7F80);
+        // Against torch's rule written out (round half to even on the top 16 bits, NaN canonical), over
+        // every top half and the rounding boundaries of the low half; the f32 form is its widening.
+        let torch = |x: f32| -> u16 {
+            if x.is_nan() {
+                return 0x7FC0;
+            }
+            let b = x.to_bits();
+            ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) as u16
+        };
+        for hi in 0..=0xFFFFu32 {
+            for lo in [0u32, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
+                let x = f32::from_bits(hi << 16 | lo);
+                assert_eq!(bf16_rne(x).to_bits(), torch(x), "{:#010x}", x.to_bits());
+                assert_eq!(bf16_rne_f32(x).to_bits(), (torch(x) as u32) << 16);
+            }
+        }
     }
 
     #[test]

@@ -158,9 +158,30 @@ impl Kernel for QuantizeRow<'_> {
         }
         let s = range / qmax;
         for (d, x) in q.iter_mut().zip(w) {
-            *d = (x / s).round_ties_even().clamp(-qmax, qmax) as i8;
+            let v = (x / s).round_ties_even().clamp(-qmax, qmax);
+            // A NaN weight (which `max` skips when finding the range) gives 0, as the saturating cast
+            // `v as i8` does; that cast goes lane by lane, this one vectorises.
+            let v = if v.is_nan() { 0.0 } else { v };
+            // SAFETY: `v` is a whole number in [−127, 127] (clamped, not NaN).
+            *d = unsafe { v.to_int_unchecked::<i32>() } as i8;
         }
         s
+    }
+}
+
+/// Row `j` of a panel (`[k/G][NR][G]`) from its `k` quantised weights, a group of [`G`] at a time (whole
+/// groups as one fixed-size store each, a short last group byte by byte).
+fn put_row(panel: &mut [i8], j: usize, q: &[i8]) {
+    let mut groups = q.chunks_exact(G);
+    for (g, quad) in groups.by_ref().enumerate() {
+        let at = g * NR * G + j * G;
+        let dst: &mut [i8; G] = (&mut panel[at..at + G]).try_into().expect("a whole group");
+        *dst = quad.try_into().expect("a whole group");
+    }
+    let tail = groups.remainder();
+    if !tail.is_empty() {
+        let at = q.len() / G * NR * G + j * G;
+        panel[at..at + tail.len()].copy_from_slice(tail);
     }
 }
 
@@ -250,9 +271,7 @@ impl PackedInt8 {
                     }
                     sc[j] = quantize_weight_row(kern, &wrow, &mut qrow, quant);
                     ws[j] = qrow.iter().map(|&x| x as i32).sum();
-                    for (kk, &q) in qrow.iter().enumerate() {
-                        chunk[(kk / G) * NR * G + j * G + kk % G] = q;
-                    }
+                    put_row(chunk, j, &qrow);
                 }
             });
         PackedInt8 {
@@ -306,8 +325,8 @@ impl PackedInt8 {
                 for (j, sum) in ws.iter_mut().enumerate().take(n - p * NR) {
                     let row = &q[(p * NR + j) * k..(p * NR + j + 1) * k];
                     let mut s = 0i32;
-                    for (kk, &v) in row.iter().enumerate() {
-                        chunk[(kk / G) * NR * G + j * G + kk % G] = v;
+                    put_row(chunk, j, row);
+                    for &v in row {
                         s += v as i32;
                         has_min |= v == i8::MIN;
                         wide |= v.unsigned_abs() > NARROW as u8;

@@ -538,3 +538,30 @@ fn weight_quantisation_is_its_definition_on_every_isa() {
         }
     }
 }
+
+/// Each weight is `round(w / s)` clamped to the range, whatever the instruction set, a row length that is
+/// not a whole number of groups included; a NaN weight (which the range skips) gives 0.
+#[test]
+fn weights_quantise_by_the_definition_and_nan_gives_zero() {
+    for narrow in [false, true] {
+        let k = 37;
+        let mut w: Vec<f32> = (0..k).map(|i| (i as f32 - 18.0) * 0.013).collect();
+        w[5] = f32::NAN;
+        let quant = WeightQuant {
+            narrow,
+            ..WeightQuant::default()
+        };
+        let q = PackedInt8::from_f32_with(1, k, &w, quant);
+        let qmax = if narrow { NARROW as f32 } else { 127.0 };
+        let s = q.scales()[0];
+        assert_eq!(s, 18.0 * 0.013 / qmax);
+        for (c, x) in w.iter().enumerate() {
+            let want = if x.is_nan() {
+                0
+            } else {
+                (x / s).round_ties_even().clamp(-qmax, qmax) as i8
+            };
+            assert_eq!(q.q(0, c), want, "{c}");
+        }
+    }
+}
