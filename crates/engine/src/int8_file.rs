@@ -161,9 +161,10 @@ impl Backbone {
 
 /// A stored int8 form opened to be installed layer by layer as the model loads
 /// ([`Backbone::load_quantised`] with [`crate::Int8Source::Stored`]): each layer's projections take their
-/// stored int8 weights (the rule's BF16 islands and fp32 GDN gate rows as the metadata says) and drop their
-/// float copies before the next layer is packed, and each tensor's mapped pages are given back once read,
-/// so the load peaks near the int8 model's size, not the float model's.
+/// stored int8 weights (the rule's BF16 islands and fp32 GDN gate rows as the metadata says) with no float
+/// copy made ([`StoredInt8::load_form`]; an `in_proj` whose gate rows stay fp32 drops its float panels once
+/// they are copied out), and each tensor's mapped pages are given back once read, so the load peaks near
+/// the int8 model's size, not the float model's.
 pub(crate) struct StoredInt8 {
     path: std::path::PathBuf,
     store: TensorStore,

@@ -9,8 +9,7 @@ use std::path::Path;
 
 use kev_release::shards::{Dtype, TensorStore};
 
-use crate::calibrate::Observe;
-use crate::calibrate::ProjectionKind;
+use crate::calibrate::{Observe, ProjectionKind};
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, WeightQuant};
