@@ -407,13 +407,13 @@ pub(crate) fn load_form(plan: &Int8Plan, li: usize, slot: usize, kind: Projectio
         || plan.scope != SmoothScope::None
         || plan.weights_only
         || (plan.gdn_gates_fp32 && kind == ProjectionKind::GdnIn);
-    if !float {
+    if float {
+        Form::Float
+    } else {
         Form::Int8(WeightQuant {
             clip: plan.weight_clip,
             narrow: plan.narrow_weights,
         })
-    } else {
-        Form::Float
     }
 }
 

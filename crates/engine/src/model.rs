@@ -807,7 +807,9 @@ fn pack(
         .iter()
         .map(|m| {
             m.as_ref().map(|m| {
-                move |r: usize, out: &mut [f32]| m.row_f32(r, &mut vec![0f32; out.len()], out)
+                move |r: usize, out: &mut [f32]| {
+                    with_tls(out.len(), |delta| m.row_f32(r, delta, out))
+                }
             })
         })
         .collect();

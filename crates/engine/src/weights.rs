@@ -135,8 +135,8 @@ impl Projection<'_> {
     }
 
     /// The LoRA pair as the merge takes it (with its scale), if there is one: for
-    /// [`kev_release::RowMerge`], which merges a row at a time where the whole merged matrix is never
-    /// needed (the int8 load).
+    /// [`kev_release::RowMerge`], which merges a row at a time as the loader packs or quantises the rows
+    /// (the whole merged matrix is never held).
     pub fn lora_weights(&self) -> Option<(LoraWeights, f32)> {
         self.lora.as_ref().map(|pair| {
             (

@@ -29,8 +29,6 @@ pub enum Source<'a> {
     F32(&'a [u8]),
     /// f32 values already in memory.
     F32Slice(&'a [f32]),
-    /// bfloat16 bit patterns already in memory.
-    Bf16Bits(&'a [u16]),
     /// Rows made as they are packed, every value exactly a bfloat16 widened to f32 (a LoRA merged a
     /// row at a time: no merged copy of the matrix is ever held).
     Bf16Rows(RowFn<'a>),
@@ -42,7 +40,6 @@ impl std::fmt::Debug for Source<'_> {
             Source::Bf16(b) => write!(f, "Bf16({} bytes)", b.len()),
             Source::F32(b) => write!(f, "F32({} bytes)", b.len()),
             Source::F32Slice(s) => write!(f, "F32Slice({} values)", s.len()),
-            Source::Bf16Bits(s) => write!(f, "Bf16Bits({} values)", s.len()),
             Source::Bf16Rows(_) => write!(f, "Bf16Rows"),
         }
     }
@@ -69,11 +66,6 @@ impl Source<'_> {
                 }
             }
             Source::F32Slice(s) => out.copy_from_slice(&s[r * k..(r + 1) * k]),
-            Source::Bf16Bits(s) => {
-                for (o, x) in out.iter_mut().zip(&s[r * k..(r + 1) * k]) {
-                    *o = bf16_to_f32(*x);
-                }
-            }
             Source::Bf16Rows(row) => row(r, out),
         }
     }
@@ -160,20 +152,18 @@ impl PackedMatrix {
                 Source::Bf16(b) => b.len() / 2,
                 Source::F32(b) => b.len() / 4,
                 Source::F32Slice(s) => s.len(),
-                Source::Bf16Bits(s) => s.len(),
                 Source::Bf16Rows(_) => p.rows * k,
             };
             assert_eq!(len, p.rows * k, "part size does not match its shape");
         }
         let exact = parts.iter().all(|p| match p.src {
-            Source::Bf16(_) | Source::Bf16Bits(_) | Source::Bf16Rows(_) => true,
+            Source::Bf16(_) | Source::Bf16Rows(_) => true,
             Source::F32(b) => b
                 .par_chunks(4 * 4096)
                 .all(|c| c.chunks_exact(4).all(|x| x[0] == 0 && x[1] == 0)),
             Source::F32Slice(s) => s.par_iter().all(|x| x.to_bits() & 0xffff == 0),
         });
         let at = PartRows::new(parts.iter().map(|p| p.rows));
-        let locate = |row: usize| at.locate(row);
         let kp = k.div_ceil(2);
         let panels = n.div_ceil(NR);
         let panel_len = kp * NR * 2;
@@ -188,7 +178,7 @@ impl PackedMatrix {
                         if row >= n {
                             break;
                         }
-                        let (pi, r) = locate(row);
+                        let (pi, r) = at.locate(row);
                         // Every value is a bf16 here (`exact`): its top half is its bits.
                         parts[pi].src.row_f32(r, k, &mut vals);
                         for (kk, v) in vals.iter().enumerate() {
@@ -209,7 +199,7 @@ impl PackedMatrix {
                         if row >= n {
                             break;
                         }
-                        let (pi, r) = locate(row);
+                        let (pi, r) = at.locate(row);
                         parts[pi].src.row_f32(r, k, &mut vals);
                         for (kk, v) in vals.iter().enumerate() {
                             chunk[kk * NR + j] = *v;
