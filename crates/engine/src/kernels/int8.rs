@@ -43,11 +43,13 @@ use rayon::prelude::*;
 
 use super::Kernels;
 use super::buf::AlignedBuf;
-use super::pack::{NR, PackedMatrix};
+use super::pack::{GROUP_BYTES, NR, PackedMatrix, interleave};
 use super::simd::{Kernel, Simd};
 
 /// Inputs per group (one i32 lane of `vpdpbusd`).
 pub const G: usize = 4;
+// A group of G int8 weights is one of the panel groups every packed form shares.
+const _: () = assert!(G == GROUP_BYTES);
 /// Largest input width for which no i32 sum can overflow (255 · 127 · k < 2³¹).
 const K_MAX: usize = 66_000;
 
@@ -169,20 +171,48 @@ impl Kernel for QuantizeRow<'_> {
     }
 }
 
-/// Row `j` of a panel (`[k/G][NR][G]`) from its `k` quantised weights, a group of [`G`] at a time (whole
-/// groups as one fixed-size store each, a short last group byte by byte).
-fn put_row(panel: &mut [i8], j: usize, q: &[i8]) {
-    let mut groups = q.chunks_exact(G);
-    for (g, quad) in groups.by_ref().enumerate() {
-        let at = g * NR * G + j * G;
-        let dst: &mut [i8; G] = (&mut panel[at..at + G]).try_into().expect("a whole group");
-        *dst = quad.try_into().expect("a whole group");
+/// `Σ q` and `max |q|` of a row of int8 weights (the sum the GEMM corrects with; the range checks).
+struct RowStats<'a> {
+    q: &'a [i8],
+}
+
+impl Kernel for RowStats<'_> {
+    type Out = (i32, u8);
+
+    #[inline(always)]
+    fn run<S: Simd>(self) -> (i32, u8) {
+        const L: usize = 64;
+        // 64 i16 lanes, each widened after 128 of its values (|Σ| ≤ 128 · 128): i8 → i32 lane by lane
+        // was a third of the stored form's load.
+        let (mut sum, mut amax) = (0i32, [0u8; L]);
+        let mut chunks = self.q.chunks_exact(L);
+        loop {
+            let mut acc = [0i16; L];
+            let mut any = false;
+            for c in chunks.by_ref().take(128) {
+                let c: &[i8; L] = c.try_into().expect("a whole chunk");
+                for l in 0..L {
+                    acc[l] += c[l] as i16;
+                    amax[l] = amax[l].max(c[l].unsigned_abs());
+                }
+                any = true;
+            }
+            sum += acc.iter().map(|&a| a as i32).sum::<i32>();
+            if !any {
+                break;
+            }
+        }
+        let mut m = amax.into_iter().max().unwrap_or(0);
+        for &v in chunks.remainder() {
+            sum += v as i32;
+            m = m.max(v.unsigned_abs());
+        }
+        (sum, m)
     }
-    let tail = groups.remainder();
-    if !tail.is_empty() {
-        let at = q.len() / G * NR * G + j * G;
-        panel[at..at + tail.len()].copy_from_slice(tail);
-    }
+}
+
+fn row_stats(kern: Kernels, q: &[i8]) -> (i32, u8) {
+    super::simd::dispatch(kern, RowStats { q })
 }
 
 /// How weight rows are quantised.
@@ -270,8 +300,11 @@ impl PackedInt8 {
                         }
                     }
                     sc[j] = quantize_weight_row(kern, &wrow, &mut qrow, quant);
-                    ws[j] = qrow.iter().map(|&x| x as i32).sum();
-                    put_row(chunk, j, &qrow);
+                    ws[j] = row_stats(kern, &qrow).0;
+                    interleave(
+                        bytemuck::cast_slice_mut(chunk),
+                        &[(j, bytemuck::cast_slice(&qrow))],
+                    );
                 }
             });
         PackedInt8 {
@@ -315,27 +348,34 @@ impl PackedInt8 {
         let mut sc = vec![0f32; panels * NR];
         sc[..n].copy_from_slice(scale);
         let mut wsum = vec![0i32; panels * NR];
-        // One pass over the (mapped) weights: packed, summed and checked panel by panel in parallel.
-        let (has_min, wide) = data
+        let kern = Kernels::best();
+        // One pass over the (mapped) weights: summed, checked and packed panel by panel in parallel (the
+        // sums first: they read each row in order, leaving the panel's rows in cache for the interleave).
+        let amax = data
             .par_chunks_mut(panel_len.max(1))
             .zip(wsum.par_chunks_mut(NR))
             .enumerate()
             .map(|(p, (chunk, ws))| {
-                let (mut has_min, mut wide) = (false, false);
-                for (j, sum) in ws.iter_mut().enumerate().take(n - p * NR) {
-                    let row = &q[(p * NR + j) * k..(p * NR + j + 1) * k];
-                    let mut s = 0i32;
-                    put_row(chunk, j, row);
-                    for &v in row {
-                        s += v as i32;
-                        has_min |= v == i8::MIN;
-                        wide |= v.unsigned_abs() > NARROW as u8;
-                    }
+                let rows: Vec<(usize, &[u8])> = (0..NR.min(n - p * NR))
+                    .map(|j| {
+                        (
+                            j,
+                            bytemuck::cast_slice(&q[(p * NR + j) * k..(p * NR + j + 1) * k]),
+                        )
+                    })
+                    .collect();
+                let mut amax = 0u8;
+                for (&(_, row), sum) in rows.iter().zip(ws.iter_mut()) {
+                    let (s, m) = row_stats(kern, bytemuck::cast_slice(row));
                     *sum = s;
+                    amax = amax.max(m);
                 }
-                (has_min, wide)
+                interleave(bytemuck::cast_slice_mut(chunk), &rows);
+                amax
             })
-            .reduce(|| (false, false), |a, b| (a.0 || b.0, a.1 || b.1));
+            .max()
+            .unwrap_or(0);
+        let (has_min, wide) = (amax > i8::MAX as u8, amax > NARROW as u8);
         if has_min {
             return Err("int8 form: −128 is outside the symmetric range".into());
         }

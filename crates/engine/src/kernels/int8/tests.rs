@@ -565,3 +565,30 @@ fn weights_quantise_by_the_definition_and_nan_gives_zero() {
         }
     }
 }
+
+/// The stored form's row sums and range (i16 lanes widened every 128 values a lane) are the plain i32 sum
+/// and `max |q|` on every instruction set: rows that widen more than once, every tail, all −128 (the
+/// lanes' extreme), all 127.
+#[test]
+fn row_stats_are_the_plain_sums_on_every_isa() {
+    let mut seed = 5u64;
+    for kern in Kernels::available() {
+        for len in [0, 1, 63, 64, 65, 8191, 8192, 8193, 20_011, 65_999] {
+            let random: Vec<i8> = (0..len)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (seed >> 56) as i8
+                })
+                .collect();
+            for q in [random, vec![i8::MIN; len], vec![i8::MAX; len]] {
+                let want = (
+                    q.iter().map(|&v| v as i32).sum::<i32>(),
+                    q.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0),
+                );
+                assert_eq!(row_stats(kern, &q), want, "{kern:?}, {len} values");
+            }
+        }
+    }
+}
