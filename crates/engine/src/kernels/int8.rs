@@ -182,8 +182,8 @@ impl Kernel for RowStats<'_> {
     #[inline(always)]
     fn run<S: Simd>(self) -> (i32, u8) {
         const L: usize = 64;
-        // 64 i16 lanes, each widened after 128 of its values (|Σ| ≤ 128 · 128): i8 → i32 lane by lane
-        // was a third of the stored form's load.
+        // 64 i16 lanes, each widened after 128 of its values (|Σ| ≤ 128 · 128): widening every i8 to
+        // i32 was a fifth of the stored form's load.
         let (mut sum, mut amax) = (0i32, [0u8; L]);
         let mut chunks = self.q.chunks_exact(L);
         loop {
