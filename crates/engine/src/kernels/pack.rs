@@ -452,35 +452,27 @@ mod tests {
             .iter()
             .flat_map(|x| x.to_le_bytes())
             .collect();
-        let m = PackedMatrix::from_parts(
-            k,
-            &[
-                Part {
-                    rows: 3,
-                    src: Source::Bf16(&a),
-                },
-                Part {
-                    rows: n - 3,
-                    src: Source::F32(&b),
-                },
-            ],
-        );
+        let bf16_then = |rest: Source<'_>| {
+            let first = Part {
+                rows: 3,
+                src: Source::Bf16(&a),
+            };
+            PackedMatrix::from_parts(
+                k,
+                &[
+                    first,
+                    Part {
+                        rows: n - 3,
+                        src: rest,
+                    },
+                ],
+            )
+        };
+        let m = bf16_then(Source::F32(&b));
         assert!(m.is_bf16());
         assert_eq!(m.to_f32_rows(), exact);
         // BF16 bytes beside f32 values that are not bf16s: f32 storage, the bf16 rows widened.
-        let m = PackedMatrix::from_parts(
-            k,
-            &[
-                Part {
-                    rows: 3,
-                    src: Source::Bf16(&a),
-                },
-                Part {
-                    rows: n - 3,
-                    src: Source::F32Slice(&full[3 * k..]),
-                },
-            ],
-        );
+        let m = bf16_then(Source::F32Slice(&full[3 * k..]));
         assert!(!m.is_bf16());
         let mut want = exact[..3 * k].to_vec();
         want.extend_from_slice(&full[3 * k..]);
