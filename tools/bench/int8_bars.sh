@@ -6,7 +6,7 @@
 #      (on AMX once per next-panel prefetch schedule, `KEV_AMX_NEXT_PANEL=spread|burst|off`);
 #   3. `kev bench backbone` on the 4B synthetic release, the best float arm beside int8, the native kernels,
 #      and again at each lower int8 level the CPU also has (`KEV_ISA=avxvnni` on AVX-VNNI or AVX512-VNNI,
-#      `KEV_ISA=avx2`), peers none (the peers' runs are `kev bench backbone --peers ...`, minutes each).
+#      `KEV_ISA=avx2`; `KEV_ISA=neon` on an aarch64 CPU with I8MM), peers none (the peers' runs are `kev bench backbone --peers ...`, minutes each).
 # Everything goes to OUT (default target/int8-bars/<UTC time>): the raw outputs, the JSON reports and
 # summary.txt (the tables of every run), which is printed at the end. Needs ~9 GB of disk for the synthetic release if SYNTH has none.
 #
@@ -43,7 +43,7 @@ note() { cat >> "$log"; }
 flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2)
 has() { [[ " $flags " == *" $1 "* ]]; }
 say "# int8 bars, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-say "cpu: $(grep -m1 -E '^model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') ($(nproc) cores)"
+say "cpu: $(lscpu 2>/dev/null | grep -m1 -E '^Model name' | cut -d: -f2 | sed 's/^ *//') ($(nproc) cores)"
 say "flags: $(for f in avx2 fma avx512f avx512bw avx512vl avx512_vnni avx_vnni avx512_bf16 amx_tile amx_int8 amx_bf16 asimddp i8mm; do has "$f" && printf '%s ' "$f"; done)"
 
 # The best float arm: bf16 where the CPU has BF16 dot products (kev's default there), else fp32.
@@ -52,6 +52,8 @@ if has avx512_bf16 || has amx_bf16; then float=bf16; fi
 levels=()
 if has avx_vnni || { has avx512_vnni && has avx512vl; }; then levels+=(avxvnni); fi
 if has avx2 && has fma; then levels+=(avx2); fi
+# aarch64: the native level is `neoni8mm` (smmla) where the CPU has I8MM; `neon` (sdot) below it.
+if has i8mm && has asimddp; then levels+=(neon); fi
 say "arms: $float,int8; lower int8 levels also timed: ${levels[*]:-none}"
 
 cargo build --release --locked -p kev 2>&1 | tail -1 >&2
@@ -85,8 +87,8 @@ backbone() { # name, then env assignments
 }
 backbone native KEV_LOG_FORMAT=text
 for l in "${levels[@]}"; do
-    # AVX2 has no BF16 dot products: its float arm is fp32.
-    if [[ $l == avx2 || $l == avxvnni ]]; then float=fp32; fi
+    # These levels have no BF16 dot products: their float arm is fp32.
+    if [[ $l == avx2 || $l == avxvnni || $l == neon ]]; then float=fp32; fi
     backbone "$l" KEV_ISA="$l"
 done
 say ""
