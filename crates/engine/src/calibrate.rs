@@ -12,7 +12,9 @@
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, WeightQuant, smoothing_factors};
 use crate::kernels::{Arm, PackedMatrix};
-use crate::model::{Backbone, Form, Island, Layer, Linear, Mixer};
+use crate::model::{
+    ActivationObserver, Backbone, Form, Island, Layer, Linear, Mixer, ProjectionKind,
+};
 
 /// The largest `|x[k]|` each projection saw per input during calibration, in the order of
 /// [`Backbone::projection_names`].
@@ -32,33 +34,6 @@ pub enum SmoothScope {
     NormInputs,
     /// Every projection.
     All,
-}
-
-/// The (fused) projections of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProjectionKind {
-    /// GDN `in_proj_{qkv,z,b,a}` (reads the input norm).
-    GdnIn,
-    /// GDN `out_proj`.
-    GdnOut,
-    /// Attention `q/k/v_proj` (reads the input norm).
-    AttnQkv,
-    /// Attention `o_proj`.
-    AttnOut,
-    /// MLP `gate/up_proj` (reads the post-attention norm).
-    MlpGateUp,
-    /// MLP `down_proj`.
-    MlpDown,
-}
-
-impl ProjectionKind {
-    /// Whether the projection reads an RMSNorm output.
-    pub fn reads_norm(self) -> bool {
-        matches!(
-            self,
-            ProjectionKind::GdnIn | ProjectionKind::AttnQkv | ProjectionKind::MlpGateUp
-        )
-    }
 }
 
 /// How to quantise the projections for the int8 arm.
@@ -182,44 +157,6 @@ impl Backbone {
     /// Rows of the GDN gates `in_proj_b`, `in_proj_a` at the end of each fused `in_proj`.
     pub(crate) fn gdn_gate_rows(&self) -> usize {
         2 * self.cfg.linear_num_value_heads
-    }
-}
-
-/// What a calibration forward records: per projection, the largest `|x[k]|` seen per input. Passed to the
-/// fp32 forwards that run the calibration rows ([`crate::CpuBackend::observed`]), it is the only mutable thing
-/// those forwards touch: the weights stay as loaded.
-pub struct ActivationObserver {
-    /// Per projection (by its address, which the loaded model keeps), the running maxima.
-    ranges: std::collections::HashMap<usize, std::sync::Mutex<Vec<f32>>>,
-}
-
-/// The observer a forward carries, if any.
-pub(crate) type Observe<'a> = Option<&'a ActivationObserver>;
-
-impl std::fmt::Debug for ActivationObserver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ActivationObserver")
-            .field("projections", &self.ranges.len())
-            .finish()
-    }
-}
-
-impl ActivationObserver {
-    /// Fold `m` rows of `x` (stride `ldx`), the input of `l`, into its maxima.
-    pub(crate) fn record(&self, l: &Linear, m: usize, x: &[f32], ldx: usize) {
-        if let Some(r) = self.ranges.get(&(l as *const Linear as usize)) {
-            observe(&mut r.lock().unwrap_or_else(|e| e.into_inner()), m, x, ldx);
-        }
-    }
-}
-
-/// Fold `m` rows of `x` (stride `ldx`) into the running per-input maxima `r`.
-pub(crate) fn observe(r: &mut [f32], m: usize, x: &[f32], ldx: usize) {
-    let k = r.len();
-    for i in 0..m {
-        for (mx, v) in r.iter_mut().zip(&x[i * ldx..i * ldx + k]) {
-            *mx = mx.max(v.abs());
-        }
     }
 }
 

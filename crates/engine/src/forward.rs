@@ -10,11 +10,11 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::attention::{self, AttnCall};
-use crate::calibrate::Observe;
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::gdn::{self, GdnCall};
 use crate::kernels::{Arm, Kernels, Rows, RowsMut, Run, math, wide};
+use crate::model::Observe;
 use crate::model::{Backbone, Mixer};
 use crate::scratch::{Workspace, grow};
 use crate::stages::{Clock, Stage, StageTimes};

@@ -20,10 +20,10 @@ use std::path::Path;
 
 use kev_release::shards::TensorStore;
 
-use crate::calibrate::{ProjectionKind, layer_projections, projection_name};
+use crate::calibrate::{layer_projections, projection_name};
 use crate::error::EngineError;
 use crate::kernels::int8::PackedInt8;
-use crate::model::{Backbone, Form, Island, Layer};
+use crate::model::{Backbone, Form, Island, Layer, ProjectionKind};
 
 /// The file name of the stored int8 form in a prepared directory.
 pub const INT8_FILE: &str = "int8.safetensors";

@@ -9,7 +9,6 @@ use std::path::Path;
 
 use kev_release::shards::{Dtype, TensorStore};
 
-use crate::calibrate::{Observe, ProjectionKind};
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::kernels::int8::{PackedInt8, WeightQuant};
@@ -249,13 +248,70 @@ pub(crate) struct Layer {
     pub down: Linear,
 }
 
-/// Where [`Backbone::load_quantised`] takes each projection's int8 form from.
-#[derive(Debug, Clone, Copy)]
-pub enum Int8Source<'a> {
-    /// Quantised at load by a plan without smoothing (the rule: `Int8Plan` with `SmoothScope::None`).
-    Rule(&'a crate::Int8Plan),
-    /// Read from a stored form (`int8.safetensors`, written by [`Backbone::write_int8`]).
-    Stored(&'a Path),
+/// The (fused) projections of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectionKind {
+    /// GDN `in_proj_{qkv,z,b,a}` (reads the input norm).
+    GdnIn,
+    /// GDN `out_proj`.
+    GdnOut,
+    /// Attention `q/k/v_proj` (reads the input norm).
+    AttnQkv,
+    /// Attention `o_proj`.
+    AttnOut,
+    /// MLP `gate/up_proj` (reads the post-attention norm).
+    MlpGateUp,
+    /// MLP `down_proj`.
+    MlpDown,
+}
+
+impl ProjectionKind {
+    /// Whether the projection reads an RMSNorm output.
+    pub fn reads_norm(self) -> bool {
+        matches!(
+            self,
+            ProjectionKind::GdnIn | ProjectionKind::AttnQkv | ProjectionKind::MlpGateUp
+        )
+    }
+}
+
+/// What a calibration forward records: per projection, the largest `|x[k]|` seen per input. Passed to the
+/// fp32 forwards that run the calibration rows ([`crate::CpuBackend::observed`]; made by `Backbone::activation_observer`, read by
+/// `Backbone::activation_ranges` in `calibrate`), it is the only mutable thing
+/// those forwards touch: the weights stay as loaded.
+pub struct ActivationObserver {
+    /// Per projection (by its address, which the loaded model keeps), the running maxima.
+    pub(crate) ranges: std::collections::HashMap<usize, std::sync::Mutex<Vec<f32>>>,
+}
+
+/// The observer a forward carries, if any.
+pub(crate) type Observe<'a> = Option<&'a ActivationObserver>;
+
+impl std::fmt::Debug for ActivationObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActivationObserver")
+            .field("projections", &self.ranges.len())
+            .finish()
+    }
+}
+
+impl ActivationObserver {
+    /// Fold `m` rows of `x` (stride `ldx`), the input of `l`, into its maxima.
+    pub(crate) fn record(&self, l: &Linear, m: usize, x: &[f32], ldx: usize) {
+        if let Some(r) = self.ranges.get(&(l as *const Linear as usize)) {
+            observe(&mut r.lock().unwrap_or_else(|e| e.into_inner()), m, x, ldx);
+        }
+    }
+}
+
+/// Fold `m` rows of `x` (stride `ldx`) into the running per-input maxima `r`.
+pub(crate) fn observe(r: &mut [f32], m: usize, x: &[f32], ldx: usize) {
+    let k = r.len();
+    for i in 0..m {
+        for (mx, v) in r.iter_mut().zip(&x[i * ldx..i * ldx + k]) {
+            *mx = mx.max(v.abs());
+        }
+    }
 }
 
 /// The token embedding table, kept in its stored dtype.
@@ -353,50 +409,6 @@ impl Backbone {
         Self::from_weights(&weights, opts.merge_adapter, kern)
     }
 
-    /// [`Backbone::load`] for the int8 arm alone: each layer's projections take their int8 form from
-    /// `source` as soon as they are packed — quantised by a plan, or read from a stored form — and their
-    /// float copies are dropped (but the islands'), so the peak memory of the load is about the int8
-    /// model's, not the float model's plus its int8 form. Only the int8 arm can run the result. A plan
-    /// must not need activation ranges (no smoothing: that needs calibration rows, see
-    /// [`Backbone::quantize_int8`]; a stored form carries its smoothing factors).
-    pub fn load_quantised(
-        dir: &Path,
-        opts: &LoadOptions,
-        source: Int8Source<'_>,
-    ) -> Result<Self, EngineError> {
-        let ck = Checkpoint::open(dir)?;
-        let weights = ck.weights(opts.adapter.as_deref())?;
-        let kern = opts.kernels.unwrap_or_else(Kernels::detect);
-        let gates = 2 * weights.config.linear_num_value_heads;
-        match source {
-            Int8Source::Rule(plan) => Self::build(
-                &weights,
-                opts.merge_adapter,
-                kern,
-                Some(&LoadSteps {
-                    form: &|li, slot, kind| crate::calibrate::load_form(plan, li, slot, kind),
-                    per_layer: &|layer, li| {
-                        crate::calibrate::quantize_layer(layer, li, plan, gates)
-                    },
-                }),
-            ),
-            Int8Source::Stored(path) => {
-                let stored = crate::int8_file::StoredInt8::open(path)?;
-                let model = Self::build(
-                    &weights,
-                    opts.merge_adapter,
-                    kern,
-                    Some(&LoadSteps {
-                        form: &|li, _, kind| stored.load_form(li, kind),
-                        per_layer: &|layer, li| stored.install_layer(layer, li, gates),
-                    }),
-                )?;
-                stored.finish(&model)?;
-                Ok(model)
-            }
-        }
-    }
-
     /// Build from an opened store; with `merge`, the adapter is merged into the weights at load.
     pub fn from_store(
         cfg: Qwen35Config,
@@ -416,7 +428,7 @@ impl Backbone {
 
     /// Pack every layer, in the forms `steps` chooses, running its `per_layer` on each as soon as it is
     /// packed (the int8 loads); without `steps`, every projection in float.
-    fn build(
+    pub(crate) fn build(
         w: &Weights<'_>,
         merge: bool,
         kern: Kernels,
