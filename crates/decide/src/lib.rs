@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod calibrate;
+pub mod card;
 pub mod error;
 pub mod head;
 pub mod load;
@@ -14,14 +15,13 @@ pub mod prescan;
 pub mod rows;
 mod run;
 pub mod service;
+pub mod settings;
 pub mod task;
 
 pub use calibrate::Calibration;
+pub use card::{ModelInfo, WeightForm};
 pub use head::PointerHead;
-pub use load::{
-    AdapterDir, LoadSpec, ModelInfo, Source, WeightForm, load_cpu, load_cpu_adapters, load_cpu_int8,
-};
-pub use service::{
-    Caps, DecideError, Decision, Job, Kev, LOGITS_FIELD, OverCap, Refusal, Settings, Stats,
-};
+pub use load::{AdapterDir, LoadSpec, Source, load_cpu, load_cpu_adapters, load_cpu_int8};
+pub use service::{DecideError, Decision, Job, Kev, LOGITS_FIELD, OverCap, Refusal, Stats};
+pub use settings::{Caps, Settings};
 pub use task::{Grant, Need, Step, Task};

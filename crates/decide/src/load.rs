@@ -17,11 +17,12 @@ use kev_engine::{
 };
 use kev_release::head::KevHead;
 use kev_tokenize::KevTokenizer;
-use serde_json::{Value, json};
 
 use crate::calibrate::Calibration;
+use crate::card::{ModelInfo, WeightForm};
 use crate::head::PointerHead;
-use crate::service::{Kev, Settings};
+use crate::service::Kev;
+use crate::settings::Settings;
 
 /// Where the model's files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,36 +36,6 @@ pub enum Source {
         /// Kev repository files (adapter, tokenizer.json, head.pt or the prepared head).
         kev: PathBuf,
     },
-}
-
-/// How the LoRA reaches the weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightForm {
-    /// One BF16 matrix per projection, `bf16(fp32(W) + (B@A)·s)`.
-    Merged,
-    /// The base weight plus the LoRA applied unmerged in fp32 at run time.
-    Exact,
-}
-
-impl WeightForm {
-    /// `merged` or `exact`.
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightForm::Merged => "merged",
-            WeightForm::Exact => "exact",
-        }
-    }
-}
-
-impl std::str::FromStr for WeightForm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "merged" => Ok(WeightForm::Merged),
-            "exact" => Ok(WeightForm::Exact),
-            o => Err(format!("unknown weight form `{o}` (merged, exact)")),
-        }
-    }
 }
 
 /// Everything needed to load a model for decisions.
@@ -106,121 +77,6 @@ pub enum LoadError {
         /// Why.
         reason: String,
     },
-}
-
-/// What was loaded, for logs, `/v1/models` and reports.
-#[derive(Debug, Clone)]
-pub struct ModelInfo {
-    /// `prepared DIR` or `release BASE + KEV`.
-    pub source: String,
-    /// `merged` / `exact`.
-    pub form: WeightForm,
-    /// The compute arm in force.
-    pub arm: Arm,
-    /// The backend's own description (ISA, arm).
-    pub backend: String,
-    /// The device the backend runs on (`cpu`, `cuda:0`).
-    pub device: String,
-    /// The base model the head names.
-    pub base: String,
-    /// Its revision.
-    pub base_revision: String,
-    /// LoRA rank as stored in the head metadata.
-    pub lora: Value,
-    /// Softmax temperature.
-    pub temperature: f64,
-    /// `YYYY-MM-DD`: the head file's modification date (no network is asked).
-    pub release_date: String,
-    /// Bytes of backbone weights held in memory (the base once, every adapter's LoRA beside it).
-    pub weight_bytes: usize,
-    /// Bytes of this adapter's own unmerged LoRA tensors among them (0 when merged).
-    pub adapter_bytes: usize,
-    /// sha256 of the adapter's `adapter_model.safetensors` (release sources; `None` for a prepared model).
-    pub adapter_sha256: Option<String>,
-    /// The bundled miniature (`kev serve --demo`): the card says so, and that its answers are for trying the
-    /// API.
-    pub demo: bool,
-}
-
-impl ModelInfo {
-    /// The `/v1/models` card fields other than `name`: what was loaded, and the service options of `settings`
-    /// that change answers (limits, calibration, date facts). The one card `kev serve`, `kev calibrate` and the
-    /// Python package report ([`Kev::card`]).
-    pub fn card(&self, settings: &Settings, calibration: Option<&Calibration>) -> Value {
-        let mut card = json!({
-            "description": format!(
-                "Kev pointer head on {}, serving {} weights ({} compute) at temperature {:.2}",
-                self.base, self.form.name(), self.arm.name(), self.temperature
-            ),
-            "release_date": self.release_date,
-            "x_base": self.base,
-            "x_base_revision": self.base_revision,
-            "x_lora": self.lora,
-            "x_device": self.device,
-            "x_backend": self.backend,
-            "x_precision": self.arm.name(),
-            "x_weights": self.form.name(),
-            "x_temperature": self.temperature,
-            "x_weight_bytes": self.weight_bytes,
-            "x_adapter_bytes": self.adapter_bytes,
-            "x_adapter_sha256": self.adapter_sha256,
-        });
-        if let (Some(obj), Value::Object(rest)) =
-            (card.as_object_mut(), Self::settings_card(settings))
-        {
-            for (k, v) in rest {
-                obj.insert(k, v);
-            }
-            if self.demo {
-                obj.insert(
-                    "description".into(),
-                    Value::String(
-                        "kev demo: kev-mini, a miniature Kev (hidden 64, 4 layers, trained on synthetic support tickets, \
-                         reviews, routing and JSON checks) in the real Kev formats; it is NOT Kev-4B: its answers are for \
-                         trying the API"
-                            .into(),
-                    ),
-                );
-                obj.insert("x_demo".into(), Value::Bool(true));
-                obj.insert("x_model".into(), Value::String("kev-mini".into()));
-                obj.insert("x_miniature".into(), Value::Bool(true));
-            }
-            // The options that change answers come last, where `/v1/models` has always listed them.
-            let calibration = calibration.map(Calibration::card);
-            obj.insert("x_calibration".into(), calibration.unwrap_or(Value::Null));
-            obj.insert("x_date_facts".into(), Value::Bool(settings.date_facts));
-        }
-        card
-    }
-
-    /// The card's fields that come from the settings alone (limits, cache, pass budget).
-    pub(crate) fn settings_card(settings: &Settings) -> Value {
-        json!({
-            "x_max_state_tokens": settings.limits.max_state_tokens,
-            "x_max_row_tokens": settings.limits.max_row_tokens,
-            "x_truncate_states": settings.limits.truncate_state,
-            "x_prefix_cache": {"bytes": settings.cache_bytes.unwrap_or(0), "chunk_aligned": settings.chunk_aligned},
-            "x_pass_tokens": settings.pass_tokens,
-        })
-    }
-}
-
-/// The prepared-state cache budget every front end defaults to, chosen once the weights are loaded: an
-/// eighth of the physical memory this process does not already hold, at most 4 GiB (512 MiB if either
-/// cannot be read). The cache competes with the weights for the machine: on an 8 GB laptop serving the
-/// int8 4B (3.6 GiB resident) that is ~0.5 GiB, where an eighth of all memory (1 GiB) took the server
-/// past 5 GiB at its peak.
-pub fn default_cache_bytes() -> usize {
-    use kev_engine::memory::{resident_bytes, total_memory};
-    match (total_memory(), resident_bytes()) {
-        (Some(total), Some(held)) => cache_budget(total as usize, held as usize),
-        _ => 512 << 20,
-    }
-}
-
-/// [`default_cache_bytes`] of a machine with `total` bytes of memory, `held` of them by this process.
-fn cache_budget(total: usize, held: usize) -> usize {
-    (total.saturating_sub(held) / 8).min(4 << 30)
 }
 
 /// The compute arm a CPU gets by default: bf16 with native BF16 dot products, else fp32.
@@ -624,26 +480,12 @@ fn civil_date(days: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{cache_budget, civil_date};
+    use super::civil_date;
 
     #[test]
     fn civil_dates() {
         assert_eq!(civil_date(0), "1970-01-01");
         assert_eq!(civil_date(20_363), "2025-10-02");
         assert_eq!(civil_date(11_016), "2000-02-29");
-    }
-
-    #[test]
-    fn the_default_cache_leaves_room_for_the_weights() {
-        const MIB: usize = 1 << 20;
-        const GIB: usize = 1 << 30;
-        // An 8 GB laptop (7.5 GiB to Linux) serving the int8 4B (3.5 GiB resident): 512 MiB, where an
-        // eighth of all memory was 960 MiB.
-        assert_eq!(cache_budget(7680 * MIB, 3584 * MIB), 512 * MIB);
-        // The BF16 4B (7 GiB) on a 16 GiB machine: 1.125 GiB. A large machine: capped at 4 GiB.
-        assert_eq!(cache_budget(16 * GIB, 7 * GIB), 9 * GIB / 8);
-        assert_eq!(cache_budget(256 * GIB, 7 * GIB), 4 * GIB);
-        // A process holding more than the machine (swap): no cache.
-        assert_eq!(cache_budget(4 * GIB, 5 * GIB), 0);
     }
 }
