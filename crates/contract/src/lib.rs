@@ -12,6 +12,7 @@
 
 mod answers;
 mod dates;
+mod detail;
 mod error;
 pub mod problem;
 mod pyfmt;
@@ -27,7 +28,8 @@ pub use answers::{
     shape_answers,
 };
 pub use dates::{date_facts, with_date_facts};
-pub use error::{ContractError, ErrorDetail, LocItem};
+pub use detail::{ErrorDetail, LocItem};
+pub use error::ContractError;
 pub use problem::{ErrorBody, ErrorKind, ErrorType, TypedError, WireError};
 pub use pyfmt::{float_repr, py_float_number, python_dumps, round4};
 pub use render::{is_py_space, option_text, py_lstrip, render};

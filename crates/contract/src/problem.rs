@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::error::ErrorDetail;
+use crate::detail::ErrorDetail;
 
 /// The `error_type` of a `{"detail":{"error_type","message"}}` body: the names the official SDK and jevcompat
 /// map to their exception classes.

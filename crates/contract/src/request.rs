@@ -7,7 +7,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::error::{ContractError, ErrorDetail, LocItem};
+use crate::detail::{ErrorDetail, LocItem};
+use crate::error::ContractError;
 use crate::pyjson::{self, JsonFailure};
 use crate::render::{option_text, render};
 
