@@ -23,11 +23,7 @@ use kev_engine::{
 };
 
 use crate::Device;
-use crate::upload::{DeviceWeights, Funcs, Mat, Mixer};
-
-pub(crate) fn dev_err(e: impl std::fmt::Debug) -> EngineError {
-    EngineError::Device(format!("{e:?}"))
-}
+use crate::upload::{DeviceWeights, Funcs, Mat, Mixer, blocks, dev_err};
 
 /// A model on a CUDA device.
 pub struct CudaBackend {
@@ -67,14 +63,6 @@ pub struct CudaState {
 // SAFETY: device buffers are plain allocations; all access is ordered on the backend's stream.
 unsafe impl Send for CudaState {}
 unsafe impl Sync for CudaState {}
-
-pub(crate) fn blocks(n: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (n.div_ceil(256) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
 
 fn grid(g: usize, b: u32) -> LaunchConfig {
     LaunchConfig {

@@ -2,12 +2,25 @@
 //! (each LoRA merged at load, bit-exact with the CPU loader's merge) and f32 vectors, plus the kernels the
 //! forward pass launches.
 
-use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use kev_engine::weights::{Mixer as CkMixer, Projection, Tensor};
 use kev_engine::{Arm, EngineError, Weights};
 
 use crate::Device;
-use crate::backend::{blocks, dev_err};
+
+/// A driver or cuBLAS error as the engine's device error.
+pub(crate) fn dev_err(e: impl std::fmt::Debug) -> EngineError {
+    EngineError::Device(format!("{e:?}"))
+}
+
+/// One thread per element, in blocks of 256.
+pub(crate) fn blocks(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 /// A projection `y = x · Wᵀ`, `W` `[n, k]` row-major.
 pub(crate) struct Mat {
