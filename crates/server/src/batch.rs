@@ -24,7 +24,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::pipeline::{Admitted, Answers, Route, handle, ms};
-use crate::tools::{invalid, parse_json};
+use crate::wire::{invalid, parse_json};
 use crate::{App, Decider};
 
 /// The model name a batch without one echoes (as `/v1/systemone` does).
@@ -34,9 +34,9 @@ const DEFAULT_MODEL: &str = "kev-latest";
 #[utoipa::path(
     post,
     path = "/v1/systemone/batch",
-    request_body(content = crate::openapi::BatchRequest, example = json!(crate::openapi::batch_example())),
+    request_body(content = crate::schemas::BatchRequest, example = json!(crate::schemas::batch_example())),
     responses((status = 200, description = "One result per entry, in input order: its /v1/systemone answer, or its status and error",
-        body = crate::openapi::BatchResponse, example = json!(crate::openapi::batch_response_example()))),
+        body = crate::schemas::BatchResponse, example = json!(crate::schemas::batch_response_example()))),
 )]
 pub(crate) async fn batch<D: Decider>(
     State(app): State<Arc<App<D>>>,
@@ -206,7 +206,7 @@ impl<D: Decider> Route<D> for Batch {
             .iter()
             .enumerate()
             .map(
-                |(i, b)| match crate::states::resolve(decider, owner, b.clone()) {
+                |(i, b)| match crate::state_ref::resolve(decider, owner, b.clone()) {
                     Ok(b) => b,
                     Err(e) => {
                         unresolved.push((i, e));

@@ -21,10 +21,8 @@ use tower_http::trace::TraceLayer;
 use utoipa::openapi::path::{HttpMethod, Operation};
 
 use crate::error::{ApiError, http_status};
+use crate::wire::{KeyPass, REQUEST_ID, error_response, json_response, request_id};
 use crate::{App, Decider};
-
-/// The request-id header the official SDK reads (`response.request_id`).
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-typesafe-request-id");
 
 /// The whole HTTP surface of an [`App`]: every [`Endpoint`] mounted at the path and method its
 /// `#[utoipa::path]` declares (`/v1/*` behind the bearer check), then the layers.
@@ -74,7 +72,8 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
 }
 
 /// Every endpoint of the API, listed once: [`router`] mounts each at the path and method declared beside its
-/// handler (`#[utoipa::path]`), and [`crate::openapi::document`] documents the same declarations.
+/// handler (`#[utoipa::path]`), and `openapi::document` documents the same declarations (the document reaches
+/// its own route through [`App`]: this module does not import it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Endpoint {
     SystemOne,
@@ -154,7 +153,7 @@ impl Endpoint {
             Endpoint::Health => on(filter, health),
             Endpoint::Ready => on(filter, ready::<D>),
             Endpoint::Metrics => on(filter, metrics_text::<D>),
-            Endpoint::OpenApi => on(filter, openapi),
+            Endpoint::OpenApi => on(filter, openapi::<D>),
         }
     }
 }
@@ -176,9 +175,9 @@ fn method_filter(m: &HttpMethod) -> MethodFilter {
 #[utoipa::path(
     post,
     path = "/v1/systemone",
-    request_body(content = kev_contract::wire::Request, example = json!(crate::openapi::request_example())),
+    request_body(content = kev_contract::wire::Request, example = json!(crate::schemas::request_example())),
     responses((status = 200, description = "Answers in request order", body = kev_contract::wire::Response,
-        example = json!(crate::openapi::response_example()))),
+        example = json!(crate::schemas::response_example()))),
 )]
 async fn systemone<D: Decider>(
     State(app): State<Arc<App<D>>>,
@@ -245,10 +244,6 @@ async fn bearer_key(
     resp
 }
 
-/// The key a request was let in under (a request extension), for the pipeline to charge its tokens to.
-#[derive(Clone)]
-pub(crate) struct KeyPass(pub Arc<crate::keys::Pass>);
-
 /// The credentials of `Authorization: Bearer <token>`: the scheme is case-insensitive (RFC 9110 §11.1),
 /// followed by one or more spaces; `None` for another scheme.
 fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
@@ -258,33 +253,6 @@ fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
     }
     let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
     Some(&rest[start..])
-}
-
-pub(crate) fn request_id(headers: &HeaderMap) -> String {
-    headers
-        .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_string()
-}
-
-/// An error leaving a handler: a fault is logged with its cause and answered with the request id only.
-pub(crate) fn error_response(e: ApiError, request_id: &str) -> Response {
-    if e.kind().is_fault() {
-        tracing::error!(request_id = %request_id, cause = %e.error_body().to_value(), "internal error");
-    }
-    e.for_request(request_id).into_response()
-}
-
-pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
-    // `compact_json` writes kept lone surrogates back as `\uXXXX`: distinct ids stay distinct.
-    let bytes = kev_contract::compact_json(body).into_bytes();
-    let mut resp = (status, bytes).into_response();
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
 }
 
 /// The process's resident and peak resident bytes (Linux only).
@@ -297,8 +265,8 @@ fn process_memory() -> Option<(u64, u64)> {
 #[utoipa::path(
     get,
     path = "/v1/models",
-    responses((status = 200, description = "Model cards", body = crate::openapi::ModelList,
-        example = json!(crate::openapi::models_example()))),
+    responses((status = 200, description = "Model cards", body = crate::schemas::ModelList,
+        example = json!(crate::schemas::models_example()))),
 )]
 async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     // `{name, …card}`: a card's fields after its name.
@@ -335,7 +303,7 @@ async fn models<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
 #[utoipa::path(
     get,
     path = "/health",
-    responses((status = 200, description = "The process serves", body = crate::openapi::Health,
+    responses((status = 200, description = "The process serves", body = crate::schemas::Health,
         example = json!({"status": "ok"}))),
 )]
 async fn health() -> Response {
@@ -346,8 +314,8 @@ async fn health() -> Response {
 #[utoipa::path(
     get,
     path = "/ready",
-    responses((status = 200, description = "Ready, with the queue's figures", body = crate::openapi::Ready,
-        example = json!(crate::openapi::ready_figures(json!("ready"))))),
+    responses((status = 200, description = "Ready, with the queue's figures", body = crate::schemas::Ready,
+        example = json!(crate::schemas::ready_figures(json!("ready"))))),
 )]
 async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
     if app.is_ready() {
@@ -449,8 +417,8 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: Heade
     responses((status = 200, description = "The OpenAPI document", body = Object,
         example = json!({"openapi": "3.1.0", "info": {"title": "kev"}}))),
 )]
-async fn openapi() -> Response {
-    let mut resp = crate::openapi::json().into_response();
+async fn openapi<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
+    let mut resp = (app.document)().into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

@@ -30,9 +30,12 @@ mod pipeline;
 pub mod pyrandom;
 pub mod queue;
 pub mod sched;
+pub mod schemas;
 pub mod served;
+mod state_ref;
 mod states;
 mod tools;
+mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -259,6 +262,9 @@ pub struct App<D: Decider> {
     ready: AtomicBool,
     draining: AtomicBool,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// The API document `GET /openapi.json` serves ([`openapi::json`]), given to the router here: the
+    /// document lists every route, its own included.
+    document: fn() -> &'static str,
 }
 
 impl<D: Decider> App<D> {
@@ -302,6 +308,7 @@ impl<D: Decider> App<D> {
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             metrics: metrics_setup::handle(),
+            document: openapi::json,
         })
     }
 

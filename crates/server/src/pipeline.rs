@@ -34,8 +34,8 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::http::{KeyPass, error_response, json_response, request_id};
 use crate::queue::Answered;
+use crate::wire::{KeyPass, error_response, json_response, request_id};
 use crate::{Admission, App, Decider};
 
 /// The admission of a route's parts: one per part, in order, each admitted or refused.
@@ -280,7 +280,7 @@ async fn admit_and_answer<D: Decider, R: Route<D>>(
     let (plan, admitted) = tokio::task::spawn_blocking(move || {
         let bytes = decode_body(raw, &codings, max_body)?;
         // A pinned state named by `x_state_id` (the requester's own) becomes the request's state.
-        let bytes = crate::states::resolve(&*decider, owner.as_deref(), bytes)?;
+        let bytes = crate::state_ref::resolve(&*decider, owner.as_deref(), bytes)?;
         let (bodies, plan) = splitter.split(&decider, bytes)?;
         let admitted = splitter.admit(&decider, owner.as_deref(), &bodies)?;
         Ok::<_, ApiError>((plan, admitted))

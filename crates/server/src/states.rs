@@ -14,17 +14,15 @@ use std::time::Duration;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use kev_contract::{ContractError, ErrorKind};
+use kev_contract::ContractError;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
-use crate::http::{KeyPass, error_response, json_response, request_id};
 use crate::pipeline::{Admitted, Answers, Route, handle};
-use crate::tools::{invalid, parse_json};
+use crate::state_ref::no_such_pin;
+use crate::wire::{KeyPass, error_response, json_response, request_id};
+use crate::wire::{invalid, parse_json};
 use crate::{App, Decider};
-
-/// The request extension that names a pinned state.
-pub const STATE_ID_FIELD: &str = "x_state_id";
 
 /// Longest a pin may live (s).
 pub const MAX_TTL_S: u64 = 86_400;
@@ -43,8 +41,8 @@ fn owner_of(request: &axum::extract::Request) -> Option<String> {
 #[utoipa::path(
     post,
     path = "/v1/systemone/states",
-    request_body(content = crate::openapi::PinRequest, example = json!({"state": "A long contract …", "ttl_s": 600})),
-    responses((status = 200, description = "The pinned state", body = crate::openapi::PinnedState,
+    request_body(content = crate::schemas::PinRequest, example = json!({"state": "A long contract …", "ttl_s": 600})),
+    responses((status = 200, description = "The pinned state", body = crate::schemas::PinnedState,
         example = json!({"id": "3f2a…", "tokens": 1518, "bytes": 157286400, "expires_at": 1796400000, "ready": true,
                          "usage": {"input_tokens": 1540}}))),
 )]
@@ -64,7 +62,7 @@ pub(crate) async fn pin<D: Decider>(
     get,
     path = "/v1/systemone/states/{id}",
     params(("id" = String, Path, description = "The id `POST /v1/systemone/states` answered")),
-    responses((status = 200, description = "The pinned state", body = crate::openapi::PinnedState)),
+    responses((status = 200, description = "The pinned state", body = crate::schemas::PinnedState)),
 )]
 pub(crate) async fn pin_get<D: Decider>(
     State(app): State<Arc<App<D>>>,
@@ -96,15 +94,6 @@ pub(crate) async fn pin_delete<D: Decider>(
     } else {
         error_response(no_such_pin(&id), &request_id(request.headers()))
     }
-}
-
-fn no_such_pin(id: &str) -> ApiError {
-    ApiError::typed(
-        ErrorKind::NotFound,
-        format!(
-            "no pinned state {id:?}: it expired, was unpinned, or was pinned under another API key"
-        ),
-    )
 }
 
 /// `POST /v1/systemone/states`: one part, admitted as a pin.
@@ -171,45 +160,4 @@ impl<D: Decider> Route<D> for Pin {
         info["usage"] = json!({"input_tokens": input});
         Ok(info)
     }
-}
-
-/// A request body with its `x_state_id` resolved: the pinned state put in as its `state` (for `owner`'s pins
-/// only). A body without the field is returned as it is; an unknown id is a 404, a `state` of its own that
-/// differs from the pinned one a 422.
-pub(crate) fn resolve<D: Decider>(
-    decider: &D,
-    owner: Option<&str>,
-    body: Vec<u8>,
-) -> Result<Vec<u8>, ApiError> {
-    let needle = format!("\"{STATE_ID_FIELD}\"");
-    if !body.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-        return Ok(body);
-    }
-    // A body that does not read is left for the route to refuse, with its own error.
-    let Ok(Value::Object(mut fields)) = kev_contract::python_loads(&body) else {
-        return Ok(body);
-    };
-    let Some(id) = fields.get(STATE_ID_FIELD) else {
-        return Ok(body);
-    };
-    let Some(id) = id.as_str().map(str::to_owned) else {
-        return Err(ContractError::Invalid(vec![invalid(
-            &[STATE_ID_FIELD],
-            "string_type",
-            "Input should be a valid string",
-            id.clone(),
-            None,
-        )])
-        .into());
-    };
-    let state = decider
-        .pinned_state(&id, owner)
-        .ok_or_else(|| no_such_pin(&id))?;
-    if fields.get("state").is_some_and(|s| *s != state) {
-        return Err(ApiError::unanswerable(format!(
-            "the request's state is not the state pinned as {id:?}: send one of the two"
-        )));
-    }
-    fields.insert("state".into(), state);
-    Ok(kev_contract::compact_json(&Value::Object(fields)).into_bytes())
 }

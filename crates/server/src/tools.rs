@@ -18,41 +18,17 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::Response;
-use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
+use kev_contract::{ContractError, ErrorDetail, ResponseBody};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::pipeline::{Answers, Route, handle, ms};
 use crate::pyrandom::{PyRandom, words_of_decimal};
+use crate::wire::{invalid, parse_json};
 use crate::{App, Decider};
 
 /// Most option orders one permute request may ask for (the author's bound).
 pub const MAX_PERMUTATIONS: u64 = 64;
-
-/// One FastAPI validation error under `body`.
-pub(crate) fn invalid(
-    loc: &[&str],
-    kind: &str,
-    msg: &str,
-    input: Value,
-    ctx: Option<Value>,
-) -> ErrorDetail {
-    let mut full = vec![LocItem::Key("body".into())];
-    full.extend(loc.iter().map(|l| LocItem::Key((*l).into())));
-    ErrorDetail {
-        kind: kind.into(),
-        loc: full,
-        msg: msg.into(),
-        input,
-        ctx,
-    }
-}
-
-/// The body as Python's `json.loads` reads it; a malformed one gets the contract's validation error (or
-/// its unreadable-body error).
-pub(crate) fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
-    Ok(kev_contract::python_loads(bytes)?)
-}
 
 /// The request with only question `id` (its value replaced by `question`).
 fn with_one_question(request: &Map<String, Value>, id: &str, question: Value) -> Vec<u8> {
@@ -71,9 +47,9 @@ const TRUNCATION_MARKS: [&str; 3] = ["x_truncated", "x_state_tokens", "x_state_t
 #[utoipa::path(
     post,
     path = "/v1/systemone/separate",
-    request_body(content = kev_contract::wire::Request, example = json!(crate::openapi::request_example())),
+    request_body(content = kev_contract::wire::Request, example = json!(crate::schemas::request_example())),
     responses((status = 200, description = "The parts' answers merged in request order, input tokens summed",
-        body = kev_contract::wire::Response, example = json!(crate::openapi::response_example()))),
+        body = kev_contract::wire::Response, example = json!(crate::schemas::response_example()))),
 )]
 pub(crate) async fn separate<D: Decider>(
     State(app): State<Arc<App<D>>>,
@@ -141,10 +117,10 @@ impl<D: Decider> Route<D> for Separate {
 #[utoipa::path(
     post,
     path = "/v1/systemone/permute",
-    request_body(content = crate::openapi::PermuteRequest,
-        example = json!({"request": crate::openapi::request_example(), "question": "kind", "n_perm": 3, "seed": 0})),
+    request_body(content = crate::schemas::PermuteRequest,
+        example = json!({"request": crate::schemas::request_example(), "question": "kind", "n_perm": 3, "seed": 0})),
     responses((status = 200, description = "One run per option order, the given order first",
-        body = PermuteResponse, example = json!(crate::openapi::permute_example()))),
+        body = PermuteResponse, example = json!(crate::schemas::permute_example()))),
 )]
 pub(crate) async fn permute<D: Decider>(
     State(app): State<Arc<App<D>>>,
