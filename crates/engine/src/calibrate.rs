@@ -10,7 +10,7 @@
 //! ([`Backbone::load_quantised`]).
 
 use crate::error::EngineError;
-use crate::kernels::int8::{PackedInt8, WeightQuant, smoothing_factors};
+use crate::kernels::int8::{WeightQuant, smoothing_factors};
 use crate::kernels::{Arm, PackedMatrix};
 use crate::model::{
     ActivationObserver, Backbone, Form, Island, Layer, Linear, Mixer, ProjectionKind,
@@ -426,7 +426,7 @@ impl Linear {
             clip: plan.weight_clip,
             narrow: plan.narrow_weights,
         };
-        let q = PackedInt8::from_packed_with(&self.w, factors.as_deref(), quant);
+        let q = self.w.quantised(factors.as_deref(), quant);
         bytes += q.bytes();
         if plan.weights_only {
             let (n, k) = (q.n(), q.k());

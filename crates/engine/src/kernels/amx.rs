@@ -538,7 +538,7 @@ unsafe fn run_panel<U: TileUnit>(
     let mut r0 = 0;
     while r0 < m {
         if schedule == NextPanel::Burst {
-            super::gemm::prefetch_share(next, r0 / ROWS, blocks);
+            super::cache::prefetch_share(next, r0 / ROWS, blocks);
         }
         for h in 0..halves {
             let ahead = if schedule == NextPanel::Spread {

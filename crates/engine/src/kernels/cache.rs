@@ -1,4 +1,5 @@
-//! The CPU's level-1 data cache size, which sets the fp32 GEMM's input block (`gemm::kc_for_l1d`).
+//! The CPU's level-1 data cache size, which sets the fp32 GEMM's input block (`gemm::kc_for_l1d`), and
+//! the share of the next weight block a GEMM asks into L2 while it runs the current one.
 //!
 //! Linux reports it in sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,type,size}`); elsewhere
 //! x86 CPUID says it (leaf 4 on Intel, 0x8000_0005 on AMD); failing both, 32 KiB, the smallest L1D of
@@ -79,6 +80,20 @@ fn cpuid_l1d() -> Option<usize> {
 #[cfg(not(target_arch = "x86_64"))]
 fn cpuid_l1d() -> Option<usize> {
     None
+}
+
+/// Prefetch the `gi`-th of `groups` equal parts of the next weight block, so the block that follows
+/// arrives in L2 while the current one is being used from L1 (the first row group of each block
+/// would otherwise wait on memory).
+#[inline]
+pub(crate) fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let len = next.len();
+        super::x86::prefetch_l2(next, gi * len / groups, (gi + 1) * len / groups);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (next, gi, groups);
 }
 
 #[cfg(test)]

@@ -23,12 +23,13 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::buf::AlignedBuf;
-use super::pack::{NR, PackedMatrix, Store};
-use super::simd::{Kernel, Simd, dispatch};
+use super::cache::prefetch_share;
+use super::dispatch::dispatch;
+use super::layout::{MR, NR, Tile};
+use super::pack::{PackedMatrix, Store};
+use super::simd::{Kernel, Simd};
 use super::{Arm, Kernels, SendPtr, bf16_bits};
 
-/// Rows per microkernel call.
-pub const MR: usize = 6;
 /// The most inputs per block of the fp32 arm; the block used is chosen from the L1D size
 /// ([`kc_for_l1d`]).
 const KC_F32_MAX: usize = 256;
@@ -496,20 +497,6 @@ pub(crate) fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
 }
 
-/// Prefetch the `gi`-th of `groups` equal parts of the next weight block, so the block that follows
-/// arrives in L2 while the current one is being used from L1 (the first row group of each block
-/// would otherwise wait on memory).
-#[inline]
-pub(crate) fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let len = next.len();
-        super::x86::prefetch_l2(next, gi * len / groups, (gi + 1) * len / groups);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (next, gi, groups);
-}
-
 /// Ask for the cache line at `p` in L1 (a hint: it never faults, whatever the address).
 #[inline(always)]
 fn prefetch_l1(p: *const f32) {
@@ -556,17 +543,6 @@ fn round_pairs(kern: Kernels, src: &[f32], dst: &mut [u32]) {
         let hi = src.get(2 * i + 1).map_or(0, |x| bf16_bits(*x)) as u32;
         *d = lo | (hi << 16);
     }
-}
-
-/// The block of C one microkernel call writes: `rows` rows of stride `ldc` from `c`, the first
-/// `ncols ≤ NR` columns of each; `load` adds to what is there (every input block after the first).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tile {
-    pub c: *mut f32,
-    pub ldc: usize,
-    pub rows: usize,
-    pub ncols: usize,
-    pub load: bool,
 }
 
 /// GEMM microkernel, fp32 arm: `C[0..rows, 0..ncols] (+)= Σ_k A[k][r] · B[k][j]` over `kc` steps, in

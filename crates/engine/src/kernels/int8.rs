@@ -43,13 +43,10 @@ use rayon::prelude::*;
 
 use super::Kernels;
 use super::buf::AlignedBuf;
-use super::pack::{GROUP_BYTES, NR, PackedMatrix, interleave};
+pub use super::layout::G;
+use super::layout::{NR, interleave};
 use super::simd::{Kernel, Simd};
 
-/// Inputs per group (one i32 lane of `vpdpbusd`).
-pub const G: usize = 4;
-// A group of G int8 weights is one of the panel groups every packed form shares.
-const _: () = assert!(G == GROUP_BYTES);
 /// Largest input width for which no i32 sum can overflow (255 · 127 · k < 2³¹).
 const K_MAX: usize = 66_000;
 
@@ -84,7 +81,7 @@ impl std::fmt::Debug for PackedInt8 {
 /// input order, so the result does not depend on `kern`: the instruction set only decides how many
 /// candidates are evaluated at once.
 fn quantize_weight_row(kern: Kernels, w: &[f32], q: &mut [i8], quant: WeightQuant) -> f32 {
-    super::simd::dispatch(kern, QuantizeRow { w, q, quant })
+    super::dispatch::dispatch(kern, QuantizeRow { w, q, quant })
 }
 
 /// Clip candidates of [`quantize_weight_row`], padded to a whole number of vectors (the padding's
@@ -212,7 +209,7 @@ impl Kernel for RowStats<'_> {
 }
 
 fn row_stats(kern: Kernels, q: &[i8]) -> (i32, u8) {
-    super::simd::dispatch(kern, RowStats { q })
+    super::dispatch::dispatch(kern, RowStats { q })
 }
 
 /// How weight rows are quantised.
@@ -425,26 +422,6 @@ impl PackedInt8 {
         Self::from_rows_opts(n, k, row, None, quant)
     }
 
-    /// Quantise a packed BF16/F32 matrix (what the loader built), optionally smoothed.
-    pub fn from_packed(w: &PackedMatrix, smooth: Option<&[f32]>) -> Self {
-        Self::from_packed_with(w, smooth, WeightQuant::default())
-    }
-
-    /// As [`PackedInt8::from_packed`], the rows quantised as `quant` says.
-    pub fn from_packed_with(w: &PackedMatrix, smooth: Option<&[f32]>, quant: WeightQuant) -> Self {
-        Self::from_rows_opts(
-            w.n(),
-            w.k(),
-            |r, out| {
-                for (c, o) in out.iter_mut().enumerate() {
-                    *o = w.get(r, c);
-                }
-            },
-            smooth,
-            quant,
-        )
-    }
-
     /// Every weight is in `[−63, 63]` ([`NARROW`]): quantised with [`WeightQuant::narrow`], or a stored
     /// form whose values happen to be. AVX2 then runs `vpmaddubsw`, which is exact on such weights.
     pub fn narrow(&self) -> bool {
@@ -538,7 +515,6 @@ pub fn smoothing_factors(act_amax: &[f32], weight_amax: &[f32], alpha: f32) -> V
 mod drive;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use drive::Dequantised;
-pub(crate) use drive::MR8;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) use drive::Path;
 pub(crate) use drive::narrow_is_faster;

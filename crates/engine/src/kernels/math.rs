@@ -3,7 +3,8 @@
 //! one. Also the reductions of a softmax row (max, shifted exp-sum).
 
 use super::Kernels;
-use super::simd::{Kernel, Simd, dispatch};
+use super::dispatch::dispatch;
+use super::simd::{Kernel, Simd};
 
 #[derive(Clone, Copy)]
 enum Op {

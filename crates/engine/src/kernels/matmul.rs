@@ -7,7 +7,8 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::simd::{Kernel, Simd, dispatch};
+use super::dispatch::dispatch;
+use super::simd::{Kernel, Simd};
 use super::{Kernels, SendPtr};
 
 thread_local! {

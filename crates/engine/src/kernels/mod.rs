@@ -16,8 +16,10 @@
 pub(crate) mod amx;
 pub mod buf;
 pub mod cache;
+pub(crate) mod dispatch;
 pub mod gemm;
 pub mod int8;
+pub mod layout;
 pub mod math;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]

@@ -174,8 +174,7 @@ pub(crate) unsafe fn ukr_sdot(
     rows: usize,
     load: bool,
 ) {
-    use super::int8::{G, MR8};
-    use super::pack::NR;
+    use super::layout::{G, MR8, NR};
     // SAFETY: extents as documented.
     unsafe {
         for jb in 0..NR / 16 {
@@ -261,8 +260,7 @@ unsafe fn sdot_lane<const L: i32>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) ->
 /// `b` `kg.div_ceil(2) · 64 · 8` (the interleaved block), `acc` `6 · 64` i32.
 #[target_feature(enable = "neon,i8mm")]
 pub(crate) unsafe fn ukr_smmla(kg: usize, a: *const i8, b: *const i8, acc: *mut i32, load: bool) {
-    use super::int8::MR8;
-    use super::pack::NR;
+    use super::layout::{MR8, NR};
     const PAIRS: usize = MR8 / 2;
     // SAFETY: extents as documented.
     unsafe {

@@ -12,7 +12,8 @@
 
 use std::time::Instant;
 
-use super::simd::{Kernel, Simd, dispatch};
+use super::dispatch::dispatch;
+use super::simd::{Kernel, Simd};
 use super::{Isa, Kernels};
 
 /// Measured peaks in GFLOP/s (2 FLOPs per multiply-add).

@@ -15,7 +15,7 @@
 //! AVX512_BF16 dot products, prefetches). The core is ~20 operations per instruction set; a general
 //! crate brings a much larger surface whose codegen we would have to audit anyway.
 
-use super::{Isa, Kernels};
+use super::Isa;
 
 /// A vector of `LANES` f32 on one instruction set.
 ///
@@ -110,29 +110,6 @@ pub(crate) trait Kernel {
     /// The body. Implementations are `#[inline(always)]`, so they are compiled inside the
     /// instruction-set entry point that calls them.
     fn run<S: Simd>(self) -> Self::Out;
-}
-
-/// Run `k` on the instruction set `kern` names.
-#[inline]
-pub(crate) fn dispatch<K: Kernel>(kern: Kernels, k: K) -> K::Out {
-    match kern.isa() {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
-            // SAFETY: a `Kernels` value names only instruction sets the CPU has (`Kernels::with_isa`).
-            unsafe { super::x86::on_avx512(k) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => {
-            // SAFETY: as above.
-            unsafe { super::x86::on_avx2(k) }
-        }
-        #[cfg(target_arch = "aarch64")]
-        Isa::Neon | Isa::NeonI8mm => {
-            // SAFETY: as above.
-            unsafe { super::neon::on_neon(k) }
-        }
-        _ => k.run::<Scalar>(),
-    }
 }
 
 /// Plain Rust, one lane. `fma` is a separate multiply and add (two roundings): a fused one would be a
@@ -259,6 +236,8 @@ impl Simd for Scalar {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::Kernels;
+    use crate::kernels::dispatch::dispatch;
 
     /// Every instruction set this CPU has, through the same generic body: the common operations agree
     /// with plain f32 arithmetic lane by lane (partial loads and stores included).

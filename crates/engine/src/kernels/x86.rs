@@ -10,8 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::Isa;
-use super::gemm::{MR, Tile};
-use super::pack::NR;
+use super::layout::{MR, NR, Tile};
 use super::simd::{Kernel, Simd};
 
 /// Run `k` compiled for AVX2 + FMA.

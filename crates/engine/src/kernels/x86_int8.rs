@@ -8,8 +8,8 @@
 
 use std::arch::x86_64::*;
 
-use super::int8::{Dequantised, G, MR8};
-use super::pack::NR;
+use super::int8::Dequantised;
+use super::layout::{G, MR8, NR};
 
 /// AVX-512 VNNI: `vpdpbusd` on u8 activations (`q_a + 128`) and s8 weights; 6 rows × 4 vectors of 16
 /// outputs = 24 accumulators.

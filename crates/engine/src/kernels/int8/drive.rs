@@ -12,16 +12,15 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::super::buf::AlignedBuf;
-use super::super::gemm::{as_bytes, prefetch_share};
-use super::super::pack::NR;
+use super::super::cache::prefetch_share;
+use super::super::gemm::as_bytes;
+use super::super::layout::{MR8, NR};
 use super::super::simd::{Kernel, Simd};
 use super::super::{Isa, Kernels, SendPtr};
 use super::{G, PackedInt8, quantize_row};
 
 /// Rows per pass over a panel (their i32 accumulators, `MC · 64 · 4` bytes = 66 KiB, stay in L2).
 const MC: usize = 264;
-/// Rows per microkernel call.
-pub(crate) const MR8: usize = 6;
 
 /// Which integer product the kernels use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -659,7 +658,7 @@ impl Dequant<'_> {
         let ncols = (w.n - p * NR).min(NR);
         let sc = &w.scale[p * NR..p * NR + ncols];
         let ws = &w.wsum[p * NR..p * NR + ncols];
-        super::super::simd::dispatch(
+        super::super::dispatch::dispatch(
             kern,
             DequantRows {
                 acc,

@@ -525,8 +525,10 @@ fn weight_quantisation_is_its_definition_on_every_isa() {
                     if clip && amax > 0.0 && amax.is_finite() {
                         let qmax = quant.qmax();
                         let ranges = clip_ranges(amax);
-                        let got =
-                            crate::kernels::simd::dispatch(kern, ClipErrors { w, ranges, qmax });
+                        let got = crate::kernels::dispatch::dispatch(
+                            kern,
+                            ClipErrors { w, ranges, qmax },
+                        );
                         let got: Vec<u64> = got[..CLIPS].iter().map(|e| e.to_bits()).collect();
                         let want: Vec<u64> = (0..=20)
                             .map(|t| err(w, range(amax, t) / qmax, qmax).to_bits())
