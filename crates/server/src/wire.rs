@@ -17,6 +17,7 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-typesafe-request-i
 #[derive(Clone)]
 pub(crate) struct KeyPass(pub Arc<crate::keys::Pass>);
 
+/// The request's id as the request-id layer set or propagated it (`-` where there is none).
 pub(crate) fn request_id(headers: &HeaderMap) -> String {
     headers
         .get(&REQUEST_ID)
