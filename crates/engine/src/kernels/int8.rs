@@ -43,8 +43,7 @@ use rayon::prelude::*;
 
 use super::Kernels;
 use super::buf::AlignedBuf;
-pub use super::layout::G;
-use super::layout::{NR, interleave};
+use super::layout::{G, NR, interleave};
 use super::simd::{Kernel, Simd};
 
 /// Largest input width for which no i32 sum can overflow (255 · 127 · k < 2³¹).

@@ -13,8 +13,7 @@ use rayon::prelude::*;
 
 use super::bf16_to_f32;
 use super::buf::AlignedBuf;
-pub use super::layout::NR;
-use super::layout::{GROUP_BYTES, interleave};
+use super::layout::{GROUP_BYTES, NR, interleave};
 
 /// A row made on demand: `row(r, out)` writes row `r`'s `k` values.
 pub type RowFn<'a> = &'a (dyn Fn(usize, &mut [f32]) + Sync);
