@@ -3,6 +3,7 @@
 
 mod calibrate_mini;
 mod decide;
+mod decide_outputs;
 mod prepare_int8;
 mod serve_adversity;
 mod tools;
