@@ -129,6 +129,29 @@ fn sha256_file(path: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(path).unwrap()))
 }
 
+/// The sha256 of a safetensors file's tensors (header entries in name order, then the data) and of its
+/// metadata in key order, less `calibration` (it names the calibration file's path): the file's own bytes
+/// vary between runs, as the safetensors writer lays out the metadata map in hash order.
+fn safetensors_digest(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: BTreeMap<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut h = Sha256::new();
+    for (name, entry) in &header {
+        if name == "__metadata__" {
+            let meta: BTreeMap<String, Value> = serde_json::from_value(entry.clone()).unwrap();
+            for (k, v) in meta.iter().filter(|(k, _)| *k != "calibration") {
+                h.update(format!("{k}={v};"));
+            }
+        } else {
+            h.update(format!("{name}={entry};"));
+        }
+    }
+    h.update(&bytes[8 + n..]);
+    hex::encode(h.finalize())
+}
+
 fn run(isa: &str, args: &[String]) -> std::process::Output {
     Command::new(kev_bin())
         .env("KEV_ISA", isa)
@@ -234,7 +257,7 @@ fn digests(isa: &str, dir: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     out.insert(
         "mini-prepared-int8.safetensors".to_string(),
-        sha256_file(&prepared.join("int8.safetensors")),
+        safetensors_digest(&prepared.join("int8.safetensors")),
     );
     for (name, args, input) in cases {
         let dest = dir.join(format!("{name}.jsonl"));
