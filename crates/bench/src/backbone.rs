@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use kev_engine::kernels::peak::process_cpu_seconds;
-use kev_engine::kernels::{Isa, peak};
+use kev_engine::kernels::Isa;
 use kev_engine::{
     Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config, Stage, StageTimes, memory,
 };
+use kev_kernels::peak;
+use kev_kernels::peak::process_cpu_seconds;
 use serde::Serialize;
 
 use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, Quant, TorchDtype};
@@ -261,8 +262,8 @@ pub fn run(a: Options) -> anyhow::Result<()> {
 
     // Ours first; the model is dropped at the end of this block.
     // The int8 arm alone is loaded as `kev serve --precision int8` loads it (each layer quantised by the
-    // rule as it is packed, the float projections dropped), so the peak RSS is what that arm holds; with
-    // other arms the int8 weights are built beside the BF16 ones.
+    // rule as it is packed, no float projection made), so the peak RSS is what that arm holds; with other
+    // arms the int8 model is made from the float one once they have run (its float panels dropped).
     let int8_only = arms == [Arm::Int8];
     let t = Instant::now();
     let loaded = if int8_only {
@@ -287,8 +288,8 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         .iter()
         .map(|&n| peers::bench_ids(n, a.seed, vocab))
         .collect();
-    // The float arms first, then the int8 arm with its weights built beside the BF16 ones: the float rows'
-    // peak RSS is that of the BF16 weights alone (the 11 GB bar), not of both forms.
+    // The float arms first, then the int8 arm on the int8 model made from the float one: each row's peak
+    // RSS is that of its own arm's weights.
     let (first, beside): (Vec<Arm>, Vec<Arm>) =
         arms.iter().partition(|&&arm| arm != Arm::Int8 || int8_only);
     let mut rows = Vec::new();
@@ -296,12 +297,13 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         if phase == 1 && !arms_now.is_empty() {
             let t = Instant::now();
             // Nothing shares the model: the float arms ran on a borrowed one.
-            let bytes = Arc::get_mut(&mut model)
-                .context("the model is shared before its int8 form is built")?
-                .prepare_int8();
+            let float = Arc::try_unwrap(model).map_err(|_| {
+                anyhow::anyhow!("the model is shared before its int8 form is built")
+            })?;
+            model = Arc::new(float.quantised(&Int8Plan::default(), None)?);
             eprintln!(
-                "int8 weights: {:.2} GiB, quantised in {:.1} s (kept beside the BF16 ones)",
-                bytes as f64 / GIB,
+                "int8 weights: {:.2} GiB, quantised in {:.1} s from the BF16 ones (dropped)",
+                model.int8_bytes() as f64 / GIB,
                 t.elapsed().as_secs_f64()
             );
         }

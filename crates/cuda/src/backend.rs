@@ -542,8 +542,25 @@ impl CudaBackend {
     }
 }
 
+/// The CUDA backend serves the weights it was loaded with: it lays out no further adapter (an
+/// uninhabited type, so no row can name one); several adapters run on the CPU backend.
+#[derive(Debug)]
+pub enum NoAdapter {}
+
 impl Backend for CudaBackend {
     type State = CudaState;
+    type Adapter = NoAdapter;
+
+    fn load_adapter(&self, _base: &Path, _adapter: &Path) -> Result<NoAdapter, EngineError> {
+        Err(EngineError::Adapter(
+            "the CUDA backend serves the adapter it was loaded with; several adapters run on the CPU backend"
+                .into(),
+        ))
+    }
+
+    fn adapter_bytes(&self, adapter: &NoAdapter) -> usize {
+        match *adapter {}
+    }
 
     fn hidden_size(&self) -> usize {
         self.cfg.hidden_size
@@ -597,14 +614,14 @@ impl Backend for CudaBackend {
         1
     }
 
-    fn forward(&self, rows: &mut [BatchRow<'_, CudaState>]) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// A background pass runs as any other here: the GPU's queue is not where the long lane's pauses
+    /// would help.
+    fn forward(
+        &self,
+        rows: &mut [BatchRow<'_, CudaState, NoAdapter>],
+        _background: Option<&kev_engine::Lanes>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         for r in rows.iter() {
-            if r.adapter != 0 {
-                return Err(EngineError::Input(
-                    "the CUDA backend serves one adapter (slot 0); several adapters run on the CPU backend"
-                        .into(),
-                ));
-            }
             if let Some(t) = r
                 .tokens
                 .iter()

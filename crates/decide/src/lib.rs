@@ -21,7 +21,10 @@ pub mod task;
 pub use calibrate::Calibration;
 pub use card::{ModelInfo, WeightForm};
 pub use head::PointerHead;
+/// The engine types a front end names: the backend boundary, the CPU backend, and the process's memory
+/// figures.
+pub use kev_engine::{Backend, CpuBackend, memory};
 pub use load::{AdapterDir, LoadSpec, Source, load_cpu, load_cpu_adapters, load_cpu_int8};
 pub use service::{DecideError, Decision, Job, Kev, LOGITS_FIELD, OverCap, Refusal, Stats};
 pub use settings::{Caps, Settings};
-pub use task::{Grant, Need, Step, Task};
+pub use task::{Grant, Lane, Need, Step, Task};

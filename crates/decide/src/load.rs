@@ -162,14 +162,13 @@ pub fn load_cpu_adapters(
         None => int8.then_some(Int8Source::Rule(&plan)),
     };
     let opened = open_cpu(spec, source)?;
-    let mut backbone = opened.backbone;
-    let mut slots = Vec::with_capacity(more.len());
+    let backbone = opened.backbone;
+    let mut loras = Vec::with_capacity(more.len());
     if let Source::Release { base, .. } = &spec.source {
         for a in more {
-            let slot = backbone
-                .attach_adapter(base, &a.dir)
+            let lora = kev_engine::Adapter::load(&backbone, base, &a.dir)
                 .map_err(|e| adapter_error(a, e))?;
-            slots.push(slot);
+            loras.push(Arc::new(lora));
         }
     }
     if int8 {
@@ -186,8 +185,8 @@ pub fn load_cpu_adapters(
     let tok_path = opened.files.tok_path.clone();
     let (kev, info) = finish_cpu(spec, Arc::new(backbone), opened.files)?;
     let mut kev = kev;
-    for (a, slot) in more.iter().zip(slots) {
-        kev = add_adapter(kev, (&info, &tok_path), a, slot)?;
+    for (a, lora) in more.iter().zip(loras) {
+        kev = add_adapter(kev, (&info, &tok_path), a, lora)?;
     }
     Ok((kev, info))
 }
@@ -196,12 +195,12 @@ fn adapter_error(a: &AdapterDir, e: impl std::fmt::Display) -> LoadError {
     LoadError::Unsupported(format!("adapter {} ({}): {e}", a.name, a.dir.display()))
 }
 
-/// Serve adapter `a` (its LoRA already at `slot` of the backbone) beside the default one.
+/// Serve adapter `a` (its LoRA laid out for the backbone) beside the default one.
 fn add_adapter(
     kev: Kev<CpuBackend>,
     (default, default_tok): (&ModelInfo, &Path),
     a: &AdapterDir,
-    slot: usize,
+    lora: Arc<kev_engine::Adapter>,
 ) -> Result<Kev<CpuBackend>, LoadError> {
     let bad = |e: &dyn std::fmt::Display| adapter_error(a, e);
     if kev.adapters().iter().any(|x| x.name() == a.name) {
@@ -233,15 +232,15 @@ fn add_adapter(
         lora: head.meta.lora.clone(),
         temperature: head.meta.temperature,
         release_date: file_date(&head_path),
-        adapter_bytes: kev.backend().model().adapter_bytes(slot),
+        adapter_bytes: lora.bytes(),
         adapter_sha256: adapter_sha256(&a.dir),
         ..default.clone()
     };
     let model_id = model_id(&info);
-    tracing::info!(adapter = %a.name, dir = %a.dir.display(), slot, adapter_bytes = info.adapter_bytes, "adapter loaded over the resident base");
+    tracing::info!(adapter = %a.name, dir = %a.dir.display(), adapter_bytes = info.adapter_bytes, "adapter loaded over the resident base");
     Ok(kev.with_adapter(crate::service::AdapterSpec {
         name: a.name.clone(),
-        slot,
+        lora,
         head: pointer,
         calibration,
         model_id,
@@ -293,10 +292,8 @@ pub fn load_cpu_int8(
     }
     drop(fp32);
     let ranges = backbone.activation_ranges(&observer);
-    let mut backbone = backbone;
-    let model = Arc::get_mut(&mut backbone).expect("the calibration service was dropped");
-    model.quantize_int8(Some(&ranges), plan)?;
-    model.drop_float_projections();
+    let float = Arc::try_unwrap(backbone).expect("the calibration service was dropped");
+    let backbone = Arc::new(float.quantised(&plan, Some(&ranges))?);
     let spec = LoadSpec {
         arm: Some(Arm::Int8),
         ..spec.clone()
@@ -387,7 +384,7 @@ fn finish_cpu(
     let pointer = PointerHead::new(&head, hidden)?;
     let tokenizer = KevTokenizer::from_file(&tok_path)?;
     let weight_bytes = backbone.weight_bytes();
-    let adapter_bytes = backbone.adapter_bytes(0);
+    let adapter_bytes = backbone.adapter().map_or(0, kev_engine::Adapter::bytes);
     let backend = CpuBackend::new(backbone, arm);
     let info = ModelInfo {
         source: desc,

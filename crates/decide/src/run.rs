@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use kev_engine::Backend;
 
 use crate::service::{DecideError, Decision, Job, Kev};
-use crate::task::{Grant, Need, Step, Task};
+use crate::task::{Grant, Lane, Need, Step, Task};
 
 impl<B: Backend> Kev<B> {
     /// Answer one request body end to end (`kev decide`).
@@ -53,7 +53,10 @@ impl<B: Backend> Kev<B> {
                 .enumerate()
                 .filter_map(|(i, task)| granted[i].map(|tokens| (i, Grant { task, tokens })))
                 .unzip();
-            for (i, step) in order.into_iter().zip(self.pass(&mut grants)) {
+            for (i, step) in order
+                .into_iter()
+                .zip(self.pass(&mut grants, Lane::Foreground))
+            {
                 if let Step::Done(result) = step {
                     out[i] = Some(result);
                 }

@@ -138,27 +138,29 @@ pub struct Stats {
     pub pins: crate::pinned::PinStats,
 }
 
-/// One Kev adapter the service answers with: its rows run under `slot` of the shared backbone, its
+/// One Kev adapter the service answers with: its rows run under its LoRA (`lora`, beside the shared
+/// backbone's weights; none for the default adapter, whose weights are the backbone's as loaded), its
 /// readout through its own head (and calibration), its prefix snapshots cached and pinned under its own
 /// identity, so a state run under one adapter never answers another.
-pub struct Adapter {
+pub struct Adapter<A> {
     name: String,
-    slot: usize,
+    lora: Option<Arc<A>>,
     head: PointerHead,
     model_id: u64,
     info: Option<ModelInfo>,
     calibration: Option<Arc<Calibration>>,
 }
 
-impl Adapter {
+impl<A> Adapter<A> {
     /// Its name (what a request's `model` selects it by).
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// Its backbone slot ([`kev_engine::BatchRow::adapter`]).
-    pub fn slot(&self) -> usize {
-        self.slot
+    /// The LoRA its rows run under ([`kev_engine::BatchRow::adapter`]); `None`: the backbone's weights as
+    /// loaded.
+    pub fn lora(&self) -> Option<&A> {
+        self.lora.as_deref()
     }
 
     /// Its pointer head.
@@ -172,12 +174,12 @@ impl Adapter {
     }
 }
 
-/// A further adapter for [`Kev::with_adapter`]: its name, backbone slot, head, calibration and identity.
-pub struct AdapterSpec {
+/// A further adapter for [`Kev::with_adapter`]: its name, LoRA, head, calibration and identity.
+pub struct AdapterSpec<A> {
     /// The name requests select it by (`model`).
     pub name: String,
-    /// The backbone slot its LoRA was added under ([`kev_engine::Backbone::add_adapter`]).
-    pub slot: usize,
+    /// Its LoRA, laid out for the service's backbone ([`kev_engine::Backend::load_adapter`]).
+    pub lora: Arc<A>,
     /// Its pointer head.
     pub head: PointerHead,
     /// Its temperatures (`None`: its head's stored one).
@@ -195,7 +197,9 @@ pub const DEFAULT_ADAPTER_NAME: &str = kev_contract::DEFAULT_MODEL;
 /// more: [`Kev::with_adapter`]); the first adapter is the default.
 pub struct Kev<B: Backend> {
     backend: B,
-    adapters: Vec<Adapter>,
+    adapters: Vec<Adapter<B::Adapter>>,
+    /// Where the service's background passes (a server's long lane) step aside for its foreground ones.
+    lanes: Arc<kev_engine::Lanes>,
     /// Further names of the default adapter (`kev-latest`, `jev-latest`, the size, aliases).
     default_names: Vec<String>,
     tokenizer: KevTokenizer,
@@ -228,12 +232,13 @@ impl<B: Backend> Kev<B> {
             backend,
             adapters: vec![Adapter {
                 name: DEFAULT_ADAPTER_NAME.into(),
-                slot: 0,
+                lora: None,
                 head,
                 model_id,
                 info: None,
                 calibration,
             }],
+            lanes: kev_engine::Lanes::new(),
             default_names: Vec::new(),
             tokenizer,
             settings,
@@ -259,10 +264,10 @@ impl<B: Backend> Kev<B> {
     }
 
     /// Answer requests whose `model` is `spec.name` with another adapter over the same backbone.
-    pub fn with_adapter(mut self, spec: AdapterSpec) -> Self {
+    pub fn with_adapter(mut self, spec: AdapterSpec<B::Adapter>) -> Self {
         let AdapterSpec {
             name,
-            slot,
+            lora,
             mut head,
             calibration,
             model_id,
@@ -271,7 +276,7 @@ impl<B: Backend> Kev<B> {
         head.set_calibration(calibration.clone());
         self.adapters.push(Adapter {
             name,
-            slot,
+            lora: Some(lora),
             head,
             model_id,
             info,
@@ -281,7 +286,7 @@ impl<B: Backend> Kev<B> {
     }
 
     /// The adapters, the default first.
-    pub fn adapters(&self) -> &[Adapter] {
+    pub fn adapters(&self) -> &[Adapter<B::Adapter>] {
         &self.adapters
     }
 
@@ -539,7 +544,7 @@ impl<B: Backend> Kev<B> {
     }
 
     /// The adapter a job runs under.
-    pub(crate) fn adapter_of(&self, job: &Job) -> &Adapter {
+    pub(crate) fn adapter_of(&self, job: &Job) -> &Adapter<B::Adapter> {
         &self.adapters[job.adapter]
     }
 
@@ -628,6 +633,11 @@ impl<B: Backend> Kev<B> {
         );
         job.pin = Some(id.to_owned());
         Ok(job)
+    }
+
+    /// The lanes the service's passes run in ([`crate::Lane`]).
+    pub(crate) fn lanes(&self) -> &Arc<kev_engine::Lanes> {
+        &self.lanes
     }
 
     pub(crate) fn count_pass(&self, rows: usize) {

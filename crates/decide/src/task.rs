@@ -113,6 +113,16 @@ pub struct Grant<'a, S, J = Job> {
     pub tokens: usize,
 }
 
+/// Where a pass runs beside the service's other passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The passes requests wait for: background passes step aside while one runs.
+    Foreground,
+    /// Long work beside them (a server's long lane): it steps aside at the engine's safe points (a layer,
+    /// a weight panel, an attention tile) while a foreground pass runs. Only pauses, never changes a bit.
+    Background,
+}
+
 /// What a pass did for one task.
 // One `Step` per grant per pass, moved once: boxing the answer would buy nothing next to a forward pass.
 #[allow(clippy::large_enum_variant)]
@@ -241,8 +251,12 @@ impl<B: Backend> Kev<B> {
         }
     }
 
-    /// One forward pass over the granted tasks. Per grant, in order: whether the task finished.
-    pub fn pass<J: Borrow<Job>>(&self, grants: &mut [Grant<'_, B::State, J>]) -> Vec<Step> {
+    /// One forward pass over the granted tasks, in `lane`. Per grant, in order: whether the task finished.
+    pub fn pass<J: Borrow<Job>>(
+        &self,
+        grants: &mut [Grant<'_, B::State, J>],
+        lane: Lane,
+    ) -> Vec<Step> {
         // 1. What each task runs; a fresh task asks the cache first.
         let mut pieces = Vec::with_capacity(grants.len());
         for g in grants.iter_mut() {
@@ -271,19 +285,19 @@ impl<B: Backend> Kev<B> {
 
         // 3. The rows of the pass: prefix pieces continue their task's state, branch rows a clone of the
         // snapshot.
-        struct RowSrc {
+        struct RowSrc<'k, A> {
             grant: usize,
             tokens: Vec<u32>,
             wanted: Vec<usize>,
-            slot: usize,
+            lora: Option<&'k A>,
         }
-        let mut srcs: Vec<RowSrc> = Vec::new();
+        let mut srcs: Vec<RowSrc<'_, B::Adapter>> = Vec::new();
         let mut states: Vec<B::State> = Vec::new();
         for (i, piece) in pieces.iter().enumerate() {
             let task = &*grants[i].task;
             let compiled = task.job().compiled();
             let ids = compiled.state_ids();
-            let slot = self.adapter_of(task.job()).slot();
+            let lora = self.adapter_of(task.job()).lora();
             match (*piece, &task.progress) {
                 (Piece::Prefix { from, to }, Progress::Prefix { state, .. })
                     if twin[i].is_none() =>
@@ -293,7 +307,7 @@ impl<B: Backend> Kev<B> {
                         grant: i,
                         tokens: ids[from..to].to_vec(),
                         wanted: Vec::new(),
-                        slot,
+                        lora,
                     });
                 }
                 (Piece::Rows { from, to }, Progress::Branches { snapshot, .. }) => {
@@ -304,7 +318,7 @@ impl<B: Backend> Kev<B> {
                             grant: i,
                             tokens,
                             wanted,
-                            slot,
+                            lora,
                         });
                     }
                 }
@@ -314,18 +328,24 @@ impl<B: Backend> Kev<B> {
         let result = if srcs.is_empty() {
             Ok(Vec::new())
         } else {
-            let mut rows: Vec<BatchRow<'_, B::State>> = states
+            let mut rows: Vec<BatchRow<'_, B::State, B::Adapter>> = states
                 .iter_mut()
                 .zip(&srcs)
                 .map(|(state, s)| BatchRow {
                     state,
                     tokens: &s.tokens,
                     wanted: &s.wanted,
-                    adapter: s.slot,
+                    adapter: s.lora,
                 })
                 .collect();
             self.count_pass(rows.len());
-            self.backend().forward(&mut rows)
+            match lane {
+                Lane::Foreground => {
+                    let _fg = self.lanes().foreground();
+                    self.backend().forward(&mut rows, None)
+                }
+                Lane::Background => self.backend().forward(&mut rows, Some(&**self.lanes())),
+            }
         };
 
         // 4. Progress.

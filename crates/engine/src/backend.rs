@@ -1,19 +1,38 @@
 //! The backend boundary: a small trait over plain data (token ids, states, wanted indices → f32 hidden
 //! rows, state sizes, the snapshot grain), so the CUDA backend (`kev-cuda`) slots in beside the CPU one
-//! without the callers (decide, server) knowing which runs. States are the backend's own type: a GPU backend keeps its states in device memory.
+//! without the callers (decide, server) knowing which runs. States and adapters are the backend's own types:
+//! a GPU backend keeps its states in device memory.
 
+use std::path::Path;
 use std::sync::Arc;
 
+use crate::adapter::Adapter;
 use crate::error::EngineError;
-use crate::forward::BatchRow;
+use crate::forward::PassOptions;
 use crate::kernels::Arm;
 use crate::model::Backbone;
+use crate::pass::BatchRow;
+use crate::pause::Lanes;
 use crate::state::State;
 
 /// A device that runs the backbone.
 pub trait Backend: Send + Sync {
     /// A sequence state; `Clone` must be a cheap snapshot that later calls never disturb.
     type State: Clone + Send + Sync;
+
+    /// A LoRA adapter laid out for this backend's model, run unmerged beside its weights (rows name it).
+    type Adapter: Send + Sync;
+
+    /// The PEFT adapter in `adapter_dir` for this model (loaded from `base_dir`), checked against it; a
+    /// module or shape that does not fit is refused by name.
+    fn load_adapter(
+        &self,
+        base_dir: &Path,
+        adapter_dir: &Path,
+    ) -> Result<Self::Adapter, EngineError>;
+
+    /// Bytes an adapter holds.
+    fn adapter_bytes(&self, adapter: &Self::Adapter) -> usize;
 
     /// Width of the returned hidden rows.
     fn hidden_size(&self) -> usize;
@@ -33,9 +52,13 @@ pub trait Backend: Send + Sync {
     fn snapshot_grain(&self) -> usize;
 
     /// Advance every row's state by its tokens and return, per row, the final-norm hidden states at its
-    /// wanted indices (`[wanted.len(), hidden]`, flattened, f32). On error no state changes.
-    fn forward(&self, rows: &mut [BatchRow<'_, Self::State>])
-    -> Result<Vec<Vec<f32>>, EngineError>;
+    /// wanted indices (`[wanted.len(), hidden]`, flattened, f32). On error no state changes. A
+    /// `background` pass steps aside at its safe points while those lanes' foreground work runs.
+    fn forward(
+        &self,
+        rows: &mut [BatchRow<'_, Self::State, Self::Adapter>],
+        background: Option<&Lanes>,
+    ) -> Result<Vec<Vec<f32>>, EngineError>;
 
     /// A short description for logs and `/v1/models` (`cpu avx512bf16 bf16`, …).
     fn describe(&self) -> String;
@@ -93,6 +116,15 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     type State = State;
+    type Adapter = Adapter;
+
+    fn load_adapter(&self, base_dir: &Path, adapter_dir: &Path) -> Result<Adapter, EngineError> {
+        Adapter::load(&self.model, base_dir, adapter_dir)
+    }
+
+    fn adapter_bytes(&self, adapter: &Adapter) -> usize {
+        adapter.bytes()
+    }
 
     fn hidden_size(&self) -> usize {
         self.model.config().hidden_size
@@ -114,9 +146,16 @@ impl Backend for CpuBackend {
         Self::SNAPSHOT_GRAIN
     }
 
-    fn forward(&self, rows: &mut [BatchRow<'_, State>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.model
-            .forward_batch_observed(self.arm, rows, self.observer.as_deref())
+    fn forward(
+        &self,
+        rows: &mut [BatchRow<'_, State>],
+        background: Option<&Lanes>,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let opts = PassOptions {
+            observer: self.observer.as_deref(),
+            background,
+        };
+        self.model.forward_batch_with(self.arm, rows, opts)
     }
 
     fn describe(&self) -> String {

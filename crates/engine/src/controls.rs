@@ -5,8 +5,11 @@
 use std::path::Path;
 
 use crate::Arm;
+use crate::adapter::Adapter;
 use crate::kernels::PackedMatrix;
-use crate::model::{Backbone, Linear, LoadOptions, Mixer};
+use crate::model::layer::Mixer;
+use crate::model::linear::{Linear, Weight};
+use crate::model::{Backbone, LoadOptions};
 
 fn fixtures() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -74,16 +77,21 @@ fn rel_err(m: &Backbone) -> f32 {
         .fold(0f32, f32::max)
 }
 
-/// Reorder the output rows of a projection (weights and LoRA `B`): new row `i` is old row `perm[i]`.
-fn permute_rows(lin: &mut Linear, perm: &[usize]) {
-    let (n, k) = (lin.w.n(), lin.w.k());
-    let old = lin.w.to_f32_rows();
-    let mut w = vec![0f32; n * k];
+/// Reorder the output rows of a projection (weights and the model's own adapter's `B`): new row `i` is
+/// old row `perm[i]`.
+fn permute_rows(lin: &mut Linear, adapter: Option<&mut Adapter>, perm: &[usize]) {
+    let Weight::Float(w) = &lin.weight else {
+        unreachable!("the controls load float models")
+    };
+    let (n, k) = (w.n(), w.k());
+    let old = w.to_f32_rows();
+    let mut rows = vec![0f32; n * k];
     for (i, &p) in perm.iter().enumerate() {
-        w[i * k..(i + 1) * k].copy_from_slice(&old[p * k..(p + 1) * k]);
+        rows[i * k..(i + 1) * k].copy_from_slice(&old[p * k..(p + 1) * k]);
     }
-    lin.w = PackedMatrix::from_f32(n, k, &w);
-    for seg in lin.loras.iter_mut().flatten() {
+    lin.weight = Weight::Float(PackedMatrix::from_f32(n, k, &rows));
+    let segs = adapter.map_or(&mut [][..], |a| &mut a.segments[lin.id][..]);
+    for seg in segs {
         let bt_old = seg.b_t.clone();
         for i in 0..seg.n {
             let src = perm[seg.col + i] - seg.col;
@@ -111,9 +119,9 @@ fn query_and_gate_as_two_blocks_is_caught() {
     let mut m = model();
     let (nh, hd) = (m.cfg.num_attention_heads, m.cfg.head_dim);
     for l in &mut m.layers {
-        if let Mixer::Attn(a) = &mut l.mixer {
+        if let Mixer::Attention(a) = &mut l.mixer {
             // Read q_proj as [all queries | all gates]: interleaved slot (h, part) takes block-layout row.
-            let n = a.qkv.w.n();
+            let n = a.qkv.n();
             let mut perm: Vec<usize> = (0..n).collect();
             for h in 0..nh {
                 for d in 0..hd {
@@ -121,7 +129,7 @@ fn query_and_gate_as_two_blocks_is_caught() {
                     perm[2 * hd * h + hd + d] = nh * hd + hd * h + d;
                 }
             }
-            permute_rows(&mut a.qkv, &perm);
+            permute_rows(&mut a.qkv, m.adapter.as_mut(), &perm);
         }
     }
     assert_caught("q_proj as [all q | all gate]", &m);
@@ -183,8 +191,8 @@ fn interleaved_rope_pairs_are_caught() {
         dim[half + i] = 2 * i + 1;
     }
     for l in &mut m.layers {
-        if let Mixer::Attn(a) = &mut l.mixer {
-            let n = a.qkv.w.n();
+        if let Mixer::Attention(a) = &mut l.mixer {
+            let n = a.qkv.n();
             let mut perm: Vec<usize> = (0..n).collect();
             for h in 0..nh {
                 for d in 0..hd {
@@ -196,7 +204,7 @@ fn interleaved_rope_pairs_are_caught() {
                     perm[2 * nh * hd + g * hd + d] = 2 * nh * hd + g * hd + dim[d];
                 }
             }
-            permute_rows(&mut a.qkv, &perm);
+            permute_rows(&mut a.qkv, m.adapter.as_mut(), &perm);
             let (qn, kn) = (a.q_norm.clone(), a.k_norm.clone());
             for d in 0..hd {
                 a.q_norm[d] = qn[dim[d]];

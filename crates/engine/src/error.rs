@@ -49,6 +49,10 @@ pub enum EngineError {
     /// A forward call was given inputs it cannot run (bad token id, wanted index, state from another model).
     #[error("invalid input: {0}")]
     Input(String),
+    /// A forward asked for a compute arm the model's weights were not built for (a float model runs the
+    /// fp32 and bf16 arms, an int8 model the int8 arm).
+    #[error("{0}")]
+    Arm(String),
     /// The compute device failed (a GPU backend's driver, memory or kernel error): not the input's fault.
     #[error("compute device: {0}")]
     Device(String),

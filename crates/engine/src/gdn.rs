@@ -11,19 +11,95 @@ use crate::config::Qwen35Config;
 use crate::kernels::math::flush_tiny;
 use crate::kernels::matmul::{Mat, matmul, transpose};
 use crate::kernels::{Kernels, Rows, RowsMut, math, wide};
-use crate::model::GdnWeights;
+use crate::model::layer::Acts;
+use crate::model::linear::Linear;
+use crate::pass::{Pass, Stack};
 use crate::scratch::{GdnScratch, grow, with_tls};
-use crate::state::GdnState;
+use crate::stages::Stage;
+use crate::state::{GdnState, LayerState, advance_gdn};
 
 /// Chunk length of the delta rule.
 pub const CHUNK: usize = 64;
+
+/// A Gated DeltaNet mixer's weights (`linear_attn`).
+#[derive(Debug)]
+pub(crate) struct Gdn {
+    /// Fused `[in_proj_qkv; in_proj_z; in_proj_b; in_proj_a]`.
+    pub in_proj: Linear,
+    /// Conv taps transposed, `[4][conv_dim]` (tap 3 multiplies the current token).
+    pub conv_t: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    /// `−exp(A_log)` in f32, as HF computes it each call.
+    pub neg_a: Vec<f32>,
+    /// Gated RMSNorm weight (`x·w`, shared by all value heads).
+    pub norm: Vec<f32>,
+    pub out_proj: Linear,
+}
+
+impl Gdn {
+    /// The mixer over the stacked rows' normed inputs (`a.hn`): the fused input projection for every
+    /// token, then per row the conv, gates and delta rule from its state of layer `li` (advanced), the
+    /// gated-norm output to `a.core` (the input of `out_proj`).
+    pub fn forward(&self, li: usize, pass: &Pass<'_>, stack: &mut Stack<'_, '_>, a: &mut Acts<'_>) {
+        let (m, h) = (stack.m, pass.cfg.hidden_size);
+        let ldp = self.in_proj.n();
+        self.in_proj.apply(
+            pass,
+            &stack.loras,
+            Rows {
+                m,
+                data: a.hn,
+                ld: h,
+            },
+            RowsMut {
+                data: a.proj,
+                ld: ldp,
+            },
+        );
+        pass.mark(Stage::Projections);
+        let (cfg, kern, ldc) = (pass.cfg, pass.kern, a.ldc);
+        let proj: &[f32] = a.proj;
+        stack.each_row(
+            li,
+            (&mut a.core[..m * ldc], ldc),
+            a.gdn,
+            |st, span, core, ws| {
+                let LayerState::Gdn(slot) = st else {
+                    unreachable!("state layout checked")
+                };
+                let rows = Rows {
+                    m: span.to - span.from,
+                    data: &proj[span.from * ldp..span.to * ldp],
+                    ld: ldp,
+                };
+                advance_gdn(slot, cfg, |own| {
+                    run(
+                        GdnCall {
+                            cfg,
+                            kern,
+                            weights: self,
+                        },
+                        rows,
+                        own,
+                        RowsMut {
+                            data: core,
+                            ld: ldc,
+                        },
+                        ws,
+                    )
+                });
+            },
+        );
+        pass.mark(Stage::Gdn);
+    }
+}
 
 /// What one GDN call runs with: the model, its kernels and the layer's weights.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GdnCall<'a> {
     pub cfg: &'a Qwen35Config,
     pub kern: Kernels,
-    pub weights: &'a GdnWeights,
+    pub weights: &'a Gdn,
 }
 
 /// Run one GDN mixer over the `proj.m` tokens of one row.
@@ -37,108 +113,31 @@ pub(crate) fn run(
     core: RowsMut<'_>,
     ws: &mut GdnScratch,
 ) {
-    let GdnCall {
-        cfg,
-        kern,
-        weights: g,
-    } = call;
-    let Rows {
-        m: t,
-        data: proj,
-        ld: ldp,
-    } = proj;
-    let RowsMut {
-        data: core,
-        ld: ldc,
-    } = core;
+    let GdnCall { cfg, kern, .. } = call;
+    let t = proj.m;
     let (nk, nv, dk, dv) = (
         cfg.linear_num_key_heads,
         cfg.linear_num_value_heads,
         cfg.linear_key_head_dim,
         cfg.linear_value_head_dim,
     );
-    let (cd, kd, vd) = (cfg.conv_dim(), cfg.key_dim(), cfg.value_dim());
+    let (cd, kd) = (cfg.conv_dim(), cfg.key_dim());
     let ratio = nv / nk;
-    let pre = |i: usize| &proj[i * ldp..i * ldp + cd];
-
-    // 1. Causal depthwise conv + SiLU. Row `i − 3 + j` feeds tap `j`; rows before the call come from the
-    //    carried history.
-    let conv = grow(&mut ws.conv, t * cd);
-    {
-        let hist = &st.conv;
-        conv.par_chunks_mut(cd).enumerate().for_each(|(i, out)| {
-            let src = |back: usize| -> &[f32] {
-                if i >= back {
-                    pre(i - back)
-                } else {
-                    let h = 3 - (back - i);
-                    &hist[h * cd..(h + 1) * cd]
-                }
-            };
-            let (x0, x1, x2, x3) = (src(3), src(2), src(1), src(0));
-            let w = &g.conv_t;
-            let (w0, w1, w2, w3) = (&w[..cd], &w[cd..2 * cd], &w[2 * cd..3 * cd], &w[3 * cd..]);
-            wide!(kern, || {
-                for c in 0..cd {
-                    out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
-                }
-            });
-            math::silu_inplace(kern, out);
-        });
-    }
-    let new_hist = grow(&mut ws.hist, 3 * cd);
-    for r in 0..3 {
-        // Row r of the new history is token t − 3 + r (possibly from the old history).
-        let src: &[f32] = if t + r >= 3 {
-            pre(t + r - 3)
-        } else {
-            &st.conv[(t + r) * cd..(t + r + 1) * cd]
-        };
-        new_hist[r * cd..(r + 1) * cd].copy_from_slice(src);
-    }
-    st.conv.copy_from_slice(new_hist);
-    let conv: &[f32] = conv;
-
-    // 2. L2-normalised q (times dk^-1/2) and k, per key head, head-major `[nk][t][dk]`.
-    let scale = (dk as f32).powf(-0.5);
-    let qn = grow(&mut ws.qn, nk * t * dk);
-    let kn = grow(&mut ws.kn, nk * t * dk);
-    qn.par_chunks_mut(t * dk)
-        .zip(kn.par_chunks_mut(t * dk))
-        .enumerate()
-        .for_each(|(j, (qh, kh))| {
-            wide!(kern, || {
-                for i in 0..t {
-                    let row = &conv[i * cd..(i + 1) * cd];
-                    l2norm(
-                        &row[j * dk..(j + 1) * dk],
-                        &mut qh[i * dk..(i + 1) * dk],
-                        Some(scale),
-                    );
-                    l2norm(
-                        &row[kd + j * dk..kd + (j + 1) * dk],
-                        &mut kh[i * dk..(i + 1) * dk],
-                        None,
-                    );
-                }
-            });
-        });
-    let (qn, kn): (&[f32], &[f32]) = (qn, kn);
-
-    // 3. Gates per value head: β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias).
-    let beta = grow(&mut ws.beta, nv * t);
-    let gl = grow(&mut ws.gl, nv * t);
-    for i in 0..t {
-        let row = &proj[i * ldp..];
-        for h in 0..nv {
-            beta[h * t + i] = math::sigmoid(row[cd + vd + h]);
-            gl[h * t + i] = g.neg_a[h] * math::softplus(row[cd + vd + nv + h] + g.dt_bias[h]);
-        }
-    }
-    let (beta, gl): (&[f32], &[f32]) = (beta, gl);
+    let GdnScratch {
+        conv,
+        hist,
+        qn,
+        kn,
+        beta,
+        gl,
+        heads_out,
+    } = ws;
+    let conv = conv_silu(call, proj, st, (grow(conv, t * cd), grow(hist, 3 * cd)));
+    let (qn, kn) = qk_norms(call, conv, (grow(qn, nk * t * dk), grow(kn, nk * t * dk)));
+    let (beta, gl) = gates(call, proj, (grow(beta, nv * t), grow(gl, nv * t)));
 
     // 4. The chunked delta rule, one task per value head, on the state in place.
-    let heads_out = grow(&mut ws.heads_out, nv * t * dv);
+    let heads_out = grow(heads_out, nv * t * dv);
     st.rec
         .par_chunks_mut(dk * dv)
         .zip(heads_out.par_chunks_mut(t * dv))
@@ -161,16 +160,138 @@ pub(crate) fn run(
             };
             delta_rule_head(kern, head, s, o);
         });
-    let heads_out: &[f32] = heads_out;
+    gated_norm(call, proj, heads_out, core);
+}
 
-    // 5. Gated RMSNorm per value head: ((o / rms(o)) · w) · silu(z).
+/// 1. Causal depthwise conv + SiLU into `conv` (`[t, conv_dim]`). Row `i − 3 + j` feeds tap `j`; rows
+/// before the call come from the carried history, which then takes the call's last three rows (through
+/// `new_hist`).
+fn conv_silu<'w>(
+    call: GdnCall<'_>,
+    proj: Rows<'_>,
+    st: &mut GdnState,
+    (conv, new_hist): (&'w mut [f32], &mut [f32]),
+) -> &'w [f32] {
+    let GdnCall {
+        cfg,
+        kern,
+        weights: g,
+    } = call;
+    let (t, ldp) = (proj.m, proj.ld);
+    let cd = cfg.conv_dim();
+    let pre = |i: usize| &proj.data[i * ldp..i * ldp + cd];
+    let hist = &st.conv;
+    conv.par_chunks_mut(cd).enumerate().for_each(|(i, out)| {
+        let src = |back: usize| -> &[f32] {
+            if i >= back {
+                pre(i - back)
+            } else {
+                let h = 3 - (back - i);
+                &hist[h * cd..(h + 1) * cd]
+            }
+        };
+        let (x0, x1, x2, x3) = (src(3), src(2), src(1), src(0));
+        let w = &g.conv_t;
+        let (w0, w1, w2, w3) = (&w[..cd], &w[cd..2 * cd], &w[2 * cd..3 * cd], &w[3 * cd..]);
+        wide!(kern, || {
+            for c in 0..cd {
+                out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
+            }
+        });
+        math::silu_inplace(kern, out);
+    });
+    for r in 0..3 {
+        // Row r of the new history is token t − 3 + r (possibly from the old history).
+        let src: &[f32] = if t + r >= 3 {
+            pre(t + r - 3)
+        } else {
+            &st.conv[(t + r) * cd..(t + r + 1) * cd]
+        };
+        new_hist[r * cd..(r + 1) * cd].copy_from_slice(src);
+    }
+    st.conv.copy_from_slice(new_hist);
+    conv
+}
+
+/// 2. L2-normalised q (times dk^-1/2) and k, per key head, head-major `[nk][t][dk]`.
+fn qk_norms<'w>(
+    call: GdnCall<'_>,
+    conv: &[f32],
+    (qn, kn): (&'w mut [f32], &'w mut [f32]),
+) -> (&'w [f32], &'w [f32]) {
+    let GdnCall { cfg, kern, .. } = call;
+    let (dk, cd, kd) = (cfg.linear_key_head_dim, cfg.conv_dim(), cfg.key_dim());
+    let t = conv.len() / cd;
+    let scale = (dk as f32).powf(-0.5);
+    qn.par_chunks_mut(t * dk)
+        .zip(kn.par_chunks_mut(t * dk))
+        .enumerate()
+        .for_each(|(j, (qh, kh))| {
+            wide!(kern, || {
+                for i in 0..t {
+                    let row = &conv[i * cd..(i + 1) * cd];
+                    l2norm(
+                        &row[j * dk..(j + 1) * dk],
+                        &mut qh[i * dk..(i + 1) * dk],
+                        Some(scale),
+                    );
+                    l2norm(
+                        &row[kd + j * dk..kd + (j + 1) * dk],
+                        &mut kh[i * dk..(i + 1) * dk],
+                        None,
+                    );
+                }
+            });
+        });
+    (qn, kn)
+}
+
+/// 3. Gates per value head, `[nv][t]`: β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias).
+fn gates<'w>(
+    call: GdnCall<'_>,
+    proj: Rows<'_>,
+    (beta, gl): (&'w mut [f32], &'w mut [f32]),
+) -> (&'w [f32], &'w [f32]) {
+    let GdnCall {
+        cfg, weights: g, ..
+    } = call;
+    let (t, ldp) = (proj.m, proj.ld);
+    let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+    for i in 0..t {
+        let row = &proj.data[i * ldp..];
+        for h in 0..nv {
+            beta[h * t + i] = math::sigmoid(row[cd + vd + h]);
+            gl[h * t + i] = g.neg_a[h] * math::softplus(row[cd + vd + nv + h] + g.dt_bias[h]);
+        }
+    }
+    (beta, gl)
+}
+
+/// 5. Gated RMSNorm per value head into `core`: ((o / rms(o)) · w) · silu(z).
+fn gated_norm(call: GdnCall<'_>, proj: Rows<'_>, heads_out: &[f32], core: RowsMut<'_>) {
+    let GdnCall {
+        cfg,
+        kern,
+        weights: g,
+    } = call;
+    let (t, ldp) = (proj.m, proj.ld);
+    let (cd, vd, nv, dv) = (
+        cfg.conv_dim(),
+        cfg.value_dim(),
+        cfg.linear_num_value_heads,
+        cfg.linear_value_head_dim,
+    );
     let eps = cfg.rms_norm_eps;
+    let RowsMut {
+        data: core,
+        ld: ldc,
+    } = core;
     core.par_chunks_mut(ldc)
         .take(t)
         .enumerate()
         .for_each(|(i, y)| {
             let y = &mut y[..vd];
-            let z = &proj[i * ldp + cd..i * ldp + cd + vd];
+            let z = &proj.data[i * ldp + cd..i * ldp + cd + vd];
             y.copy_from_slice(z);
             math::silu_inplace(kern, y);
             wide!(kern, || {
@@ -391,208 +512,212 @@ fn chunks_impl(
     head: HeadInputs<'_>,
     s: &mut [f32],
     o: &mut [f32],
-    bufs: ChunkBufs<'_>,
+    mut bufs: ChunkBufs<'_>,
 ) {
-    let HeadInputs {
-        q,
-        k,
-        v,
-        beta,
-        g,
-        dk,
-    } = head;
-    let t = beta.len();
-    let dv = v.cols;
-    let c = CHUNK;
-    let ChunkBufs {
-        kbq,
-        kt,
-        ap,
-        decay,
-        u,
-        wq,
-        ws,
-        pv,
-        kdt,
-        supd,
-        cum,
-        ecum,
-        etail,
-    } = bufs;
+    let t = head.beta.len();
     let mut t0 = 0;
     while t0 < t {
-        let l = (t - t0).min(c);
-        // γ: cumulative log-decay inside the chunk.
-        let mut acc = 0f32;
-        for r in 0..l {
-            acc += g[t0 + r];
-            cum[r] = acc;
-        }
-        let last = cum[l - 1];
-        for r in 0..l {
-            ecum[r] = cut(cum[r]);
-            etail[r] = cut(last - cum[r]);
-        }
-        math::exp_inplace(kern, &mut ecum[..l]);
-        math::exp_inplace(kern, &mut etail[..l]);
-        let mut chunk_decay = [cut(last)];
-        math::exp_inplace(kern, &mut chunk_decay);
-
-        // [β⊙K ; Q] · Kᵀ → the UT system (rows 0..l) and the intra-chunk scores (rows l..2l).
-        let kc = &k[t0 * dk..(t0 + l) * dk];
-        let qc = &q[t0 * dk..(t0 + l) * dk];
-        scale_rows(&mut kbq[..l * dk], kc, &beta[t0..t0 + l], dk);
-        kbq[l * dk..2 * l * dk].copy_from_slice(qc);
-        transpose(kc, l, dk, dk, kt);
-        flush_tiny(&mut kbq[..2 * l * dk]);
-        flush_tiny(&mut kt[..dk * l]);
-        flush_tiny(s);
-        matmul(
-            kern,
-            Mat::new(&kbq[..2 * l * dk], 2 * l, dk),
-            Mat::new(&kt[..dk * l], dk, l),
-            ap,
-            l,
-            false,
-        );
-        // Pairwise decays exp(γ_r − γ_s) on and below the diagonal, 0 above (masked before the exp).
-        for r in 0..l {
-            for s2 in 0..l {
-                decay[r * l + s2] = if s2 <= r {
-                    cut(cum[r] - cum[s2])
-                } else {
-                    f32::NEG_INFINITY
-                };
-            }
-        }
-        math::exp_inplace(kern, &mut decay[..l * l]);
-        // The UT system is kept negated (−A), so the solve below adds matrix products.
-        for x in 0..l * l {
-            ap[x] = -(ap[x] * decay[x]);
-            ap[l * l + x] *= decay[x];
-        }
-        flush_tiny(&mut ap[..2 * l * l]);
-
-        // Forward substitution with the unit lower-triangular (I + strict(A)), held negated in `ap`:
-        // U = solve(β⊙V), W = solve(β⊙K⊙e^γ) (W in the top half of `wq`). Blocks of SB rows: the
-        // part from earlier blocks is one matrix product per block, the rest row by row.
-        const SB: usize = 16;
-        let mut r0 = 0;
-        while r0 < l {
-            let r1 = (r0 + SB).min(l);
-            for r in r0..r1 {
-                let b = beta[t0 + r];
-                let vrow = &v.data[(t0 + r) * v.ld..(t0 + r) * v.ld + dv];
-                for (x, vv) in u[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
-                    *x = vv * b;
-                }
-            }
-            scale_rows(
-                &mut wq[r0 * dk..r1 * dk],
-                &kbq[r0 * dk..r1 * dk],
-                &ecum[r0..r1],
-                dk,
-            );
-            flush_tiny(&mut u[r0 * dv..r1 * dv]);
-            flush_tiny(&mut wq[r0 * dk..r1 * dk]);
-            if r0 > 0 {
-                let m_blk = Mat {
-                    data: &ap[r0 * l..],
-                    rows: r1 - r0,
-                    cols: r0,
-                    ld: l,
-                };
-                let (done, cur) = u.split_at_mut(r0 * dv);
-                matmul(
-                    kern,
-                    m_blk,
-                    Mat::new(done, r0, dv),
-                    &mut cur[..(r1 - r0) * dv],
-                    dv,
-                    true,
-                );
-                let (done, cur) = wq.split_at_mut(r0 * dk);
-                matmul(
-                    kern,
-                    m_blk,
-                    Mat::new(done, r0, dk),
-                    &mut cur[..(r1 - r0) * dk],
-                    dk,
-                    true,
-                );
-            }
-            // Each row is final (an operand of the rows after it) once its own sums are done.
-            flush_tiny(&mut u[r0 * dv..(r0 + 1) * dv]);
-            flush_tiny(&mut wq[r0 * dk..(r0 + 1) * dk]);
-            for r in r0 + 1..r1 {
-                let coefs = &ap[r * l + r0..r * l + r];
-                let (done, cur) = u.split_at_mut(r * dv);
-                let ur = &mut cur[..dv];
-                add_scaled_rows(ur, &done[r0 * dv..], coefs, dv);
-                let (wdone, wcur) = wq.split_at_mut(r * dk);
-                let wr = &mut wcur[..dk];
-                add_scaled_rows(wr, &wdone[r0 * dk..], coefs, dk);
-                flush_tiny(ur);
-                flush_tiny(wr);
-            }
-            r0 = r1;
-        }
-        // Bottom half of `wq`: Q ⊙ e^γ. Then [W ; Q⊙e^γ] · S.
-        scale_rows(&mut wq[l * dk..2 * l * dk], qc, &ecum[..l], dk);
-        flush_tiny(&mut wq[l * dk..2 * l * dk]);
-        matmul(
-            kern,
-            Mat::new(&wq[..2 * l * dk], 2 * l, dk),
-            Mat::new(s, dk, dv),
-            ws,
-            dv,
-            false,
-        );
-        // V' = U − W·S (into u).
-        for x in 0..l * dv {
-            u[x] -= ws[x];
-        }
-        flush_tiny(&mut u[..l * dv]);
-        // O = (Q⊙e^γ)·S + P·V'.
-        matmul(
-            kern,
-            Mat::new(&ap[l * l..2 * l * l], l, l),
-            Mat::new(&u[..l * dv], l, dv),
-            pv,
-            dv,
-            false,
-        );
-        for ((dst, a), b) in o[t0 * dv..(t0 + l) * dv]
-            .iter_mut()
-            .zip(&ws[l * dv..2 * l * dv])
-            .zip(&pv[..l * dv])
-        {
-            *dst = a + b;
-        }
-        // S ← e^{γ_last}·S + (K ⊙ e^{γ_last − γ})ᵀ · V'.
-        // From `kt` (= Kᵀ, flushed): a value it flushed is below TINY, and so is its product with a
-        // decay ≤ 1, which the flush below zeroes, so this is the same as scaling K's rows.
-        for (dst, src) in kdt[..dk * l]
-            .chunks_exact_mut(l)
-            .zip(kt[..dk * l].chunks_exact(l))
-        {
-            for ((x, y), e) in dst.iter_mut().zip(src).zip(&etail[..l]) {
-                *x = y * e;
-            }
-        }
-        flush_tiny(&mut kdt[..dk * l]);
-        matmul(
-            kern,
-            Mat::new(&kdt[..dk * l], dk, l),
-            Mat::new(&u[..l * dv], l, dv),
-            supd,
-            dv,
-            false,
-        );
-        for (x, y) in s.iter_mut().zip(supd.iter()) {
-            *x = *x * chunk_decay[0] + y;
-        }
+        let l = (t - t0).min(CHUNK);
+        let chunk = Chunk { t0, l };
+        let chunk_decay = chunk_gates(kern, &head.g[t0..t0 + l], &mut bufs);
+        scores(kern, head, chunk, s, &mut bufs);
+        substitute(kern, head, chunk, &mut bufs);
+        finish_chunk(kern, head, chunk, (s, o, chunk_decay), &mut bufs);
         t0 += l;
+    }
+}
+
+/// The tokens `t0..t0 + l` of one chunk.
+#[derive(Clone, Copy)]
+struct Chunk {
+    t0: usize,
+    l: usize,
+}
+
+/// γ, the cumulative log-decay inside the chunk (`cum`), `e^γ` (`ecum`), `e^{γ_last − γ}` (`etail`);
+/// returns `e^{γ_last}`.
+#[inline(always)]
+fn chunk_gates(kern: Kernels, g: &[f32], b: &mut ChunkBufs<'_>) -> f32 {
+    let l = g.len();
+    let mut acc = 0f32;
+    for r in 0..l {
+        acc += g[r];
+        b.cum[r] = acc;
+    }
+    let last = b.cum[l - 1];
+    for r in 0..l {
+        b.ecum[r] = cut(b.cum[r]);
+        b.etail[r] = cut(last - b.cum[r]);
+    }
+    math::exp_inplace(kern, &mut b.ecum[..l]);
+    math::exp_inplace(kern, &mut b.etail[..l]);
+    let mut chunk_decay = [cut(last)];
+    math::exp_inplace(kern, &mut chunk_decay);
+    chunk_decay[0]
+}
+
+/// `[β⊙K ; Q] · Kᵀ` with the pairwise decays: the UT system, negated (rows `0..l` of `ap`: −A, so the
+/// solve adds matrix products), and the intra-chunk scores P (rows `l..2l`).
+#[inline(always)]
+fn scores(kern: Kernels, head: HeadInputs<'_>, c: Chunk, s: &mut [f32], b: &mut ChunkBufs<'_>) {
+    let (Chunk { t0, l }, dk) = (c, head.dk);
+    let kc = &head.k[t0 * dk..(t0 + l) * dk];
+    let qc = &head.q[t0 * dk..(t0 + l) * dk];
+    scale_rows(&mut b.kbq[..l * dk], kc, &head.beta[t0..t0 + l], dk);
+    b.kbq[l * dk..2 * l * dk].copy_from_slice(qc);
+    transpose(kc, l, dk, dk, b.kt);
+    flush_tiny(&mut b.kbq[..2 * l * dk]);
+    flush_tiny(&mut b.kt[..dk * l]);
+    flush_tiny(s);
+    matmul(
+        kern,
+        Mat::new(&b.kbq[..2 * l * dk], 2 * l, dk),
+        Mat::new(&b.kt[..dk * l], dk, l),
+        b.ap,
+        l,
+        false,
+    );
+    // Pairwise decays exp(γ_r − γ_s) on and below the diagonal, 0 above (masked before the exp).
+    for r in 0..l {
+        for s2 in 0..l {
+            b.decay[r * l + s2] = if s2 <= r {
+                cut(b.cum[r] - b.cum[s2])
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+    }
+    math::exp_inplace(kern, &mut b.decay[..l * l]);
+    for x in 0..l * l {
+        b.ap[x] = -(b.ap[x] * b.decay[x]);
+        b.ap[l * l + x] *= b.decay[x];
+    }
+    flush_tiny(&mut b.ap[..2 * l * l]);
+}
+
+/// Forward substitution with the unit lower-triangular (I + strict(A)), held negated in `ap`:
+/// U = solve(β⊙V), W = solve(β⊙K⊙e^γ) (W in the top half of `wq`). Blocks of SB rows: the part from
+/// earlier blocks is one matrix product per block, the rest row by row.
+#[inline(always)]
+fn substitute(kern: Kernels, head: HeadInputs<'_>, c: Chunk, b: &mut ChunkBufs<'_>) {
+    const SB: usize = 16;
+    let (Chunk { t0, l }, dk, v) = (c, head.dk, head.v);
+    let dv = v.cols;
+    let (u, wq, ap) = (&mut *b.u, &mut *b.wq, &*b.ap);
+    let mut r0 = 0;
+    while r0 < l {
+        let r1 = (r0 + SB).min(l);
+        for r in r0..r1 {
+            let bt = head.beta[t0 + r];
+            let vrow = &v.data[(t0 + r) * v.ld..(t0 + r) * v.ld + dv];
+            for (x, vv) in u[r * dv..(r + 1) * dv].iter_mut().zip(vrow) {
+                *x = vv * bt;
+            }
+        }
+        scale_rows(
+            &mut wq[r0 * dk..r1 * dk],
+            &b.kbq[r0 * dk..r1 * dk],
+            &b.ecum[r0..r1],
+            dk,
+        );
+        flush_tiny(&mut u[r0 * dv..r1 * dv]);
+        flush_tiny(&mut wq[r0 * dk..r1 * dk]);
+        if r0 > 0 {
+            let m_blk = Mat {
+                data: &ap[r0 * l..],
+                rows: r1 - r0,
+                cols: r0,
+                ld: l,
+            };
+            let (done, cur) = u.split_at_mut(r0 * dv);
+            let cur = &mut cur[..(r1 - r0) * dv];
+            matmul(kern, m_blk, Mat::new(done, r0, dv), cur, dv, true);
+            let (done, cur) = wq.split_at_mut(r0 * dk);
+            let cur = &mut cur[..(r1 - r0) * dk];
+            matmul(kern, m_blk, Mat::new(done, r0, dk), cur, dk, true);
+        }
+        // Each row is final (an operand of the rows after it) once its own sums are done.
+        flush_tiny(&mut u[r0 * dv..(r0 + 1) * dv]);
+        flush_tiny(&mut wq[r0 * dk..(r0 + 1) * dk]);
+        for r in r0 + 1..r1 {
+            let coefs = &ap[r * l + r0..r * l + r];
+            let (done, cur) = u.split_at_mut(r * dv);
+            let ur = &mut cur[..dv];
+            add_scaled_rows(ur, &done[r0 * dv..], coefs, dv);
+            let (wdone, wcur) = wq.split_at_mut(r * dk);
+            let wr = &mut wcur[..dk];
+            add_scaled_rows(wr, &wdone[r0 * dk..], coefs, dk);
+            flush_tiny(ur);
+            flush_tiny(wr);
+        }
+        r0 = r1;
+    }
+}
+
+/// The chunk's output `O = (Q⊙e^γ)·S + P·V'` with `V' = U − W·S`, and the state carried to the next chunk:
+/// `S ← e^{γ_last}·S + (K ⊙ e^{γ_last − γ})ᵀ · V'`.
+#[inline(always)]
+fn finish_chunk(
+    kern: Kernels,
+    head: HeadInputs<'_>,
+    c: Chunk,
+    (s, o, chunk_decay): (&mut [f32], &mut [f32], f32),
+    b: &mut ChunkBufs<'_>,
+) {
+    let (Chunk { t0, l }, dk, dv) = (c, head.dk, head.v.cols);
+    let qc = &head.q[t0 * dk..(t0 + l) * dk];
+    // Bottom half of `wq`: Q ⊙ e^γ. Then [W ; Q⊙e^γ] · S.
+    scale_rows(&mut b.wq[l * dk..2 * l * dk], qc, &b.ecum[..l], dk);
+    flush_tiny(&mut b.wq[l * dk..2 * l * dk]);
+    matmul(
+        kern,
+        Mat::new(&b.wq[..2 * l * dk], 2 * l, dk),
+        Mat::new(s, dk, dv),
+        b.ws,
+        dv,
+        false,
+    );
+    // V' = U − W·S (into u).
+    for x in 0..l * dv {
+        b.u[x] -= b.ws[x];
+    }
+    flush_tiny(&mut b.u[..l * dv]);
+    matmul(
+        kern,
+        Mat::new(&b.ap[l * l..2 * l * l], l, l),
+        Mat::new(&b.u[..l * dv], l, dv),
+        b.pv,
+        dv,
+        false,
+    );
+    for ((dst, a), p) in o[t0 * dv..(t0 + l) * dv]
+        .iter_mut()
+        .zip(&b.ws[l * dv..2 * l * dv])
+        .zip(&b.pv[..l * dv])
+    {
+        *dst = a + p;
+    }
+    // From `kt` (= Kᵀ, flushed): a value it flushed is below TINY, and so is its product with a
+    // decay ≤ 1, which the flush below zeroes, so this is the same as scaling K's rows.
+    for (dst, src) in b.kdt[..dk * l]
+        .chunks_exact_mut(l)
+        .zip(b.kt[..dk * l].chunks_exact(l))
+    {
+        for ((x, y), e) in dst.iter_mut().zip(src).zip(&b.etail[..l]) {
+            *x = y * e;
+        }
+    }
+    flush_tiny(&mut b.kdt[..dk * l]);
+    matmul(
+        kern,
+        Mat::new(&b.kdt[..dk * l], dk, l),
+        Mat::new(&b.u[..l * dv], l, dv),
+        b.supd,
+        dv,
+        false,
+    );
+    for (x, y) in s.iter_mut().zip(b.supd.iter()) {
+        *x = *x * chunk_decay + y;
     }
 }
 

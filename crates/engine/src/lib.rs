@@ -17,22 +17,23 @@
 //!   for `kev synth`, tiny ones for tests).
 #![deny(missing_docs)]
 
+mod adapter;
 mod attention;
 pub mod backend;
-pub mod background;
-pub mod calibrate;
 pub mod config;
 #[cfg(test)]
 mod controls;
 pub mod error;
+/// The CPU kernels (the `kev-kernels` crate: a leaf that knows nothing of the model).
+pub use kev_kernels as kernels;
 mod forward;
 mod gdn;
-mod int8_file;
-mod int8_load;
-pub mod kernels;
+pub mod int8;
 pub mod lora;
 pub mod memory;
 mod model;
+mod pass;
+pub mod pause;
 pub mod reference;
 mod scratch;
 pub mod stages;
@@ -40,16 +41,19 @@ mod state;
 pub mod synth;
 pub mod weights;
 
+pub use adapter::Adapter;
 pub use backend::{Backend, CpuBackend};
-pub use calibrate::{ActivationRanges, Int8Plan, SmoothScope};
 pub use config::{LayerKind, Qwen35Config};
 pub use error::EngineError;
-pub use forward::BatchRow;
-pub use int8_file::{INT8_FILE, INT8_FORMAT};
-pub use int8_load::Int8Source;
+pub use forward::PassOptions;
+pub use int8::load::Int8Source;
+pub use int8::plan::{ActivationRanges, Int8Plan, RULE_BF16_ISLANDS, SmoothScope};
+pub use int8::stored::{INT8_FILE, INT8_FORMAT};
 pub use kernels::{Arm, Kernels};
 pub use memory::release_free_heap;
-pub use model::{ActivationObserver, Backbone, LoadOptions, ProjectionKind};
+pub use model::{ActivationObserver, Backbone, LoadOptions, ProjectionKind, WeightArms};
+pub use pass::BatchRow;
+pub use pause::{Foreground, Lanes};
 pub use stages::{Stage, StageTimes};
 pub use state::State;
 pub use weights::{Checkpoint, Weights};

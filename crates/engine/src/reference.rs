@@ -11,7 +11,8 @@ use kev_release::shards::Dtype;
 
 use crate::config::Qwen35Config;
 use crate::error::EngineError;
-use crate::model::{Embedding, LoadOptions, norm1p, rope_inv_freq};
+use crate::model::embed::Embedding;
+use crate::model::{LoadOptions, norm1p, rope_inv_freq};
 use crate::state::{GdnState, KvSeg, LayerState, State};
 use crate::weights::{Checkpoint, Mixer, Projection, Weights};
 
@@ -212,7 +213,7 @@ impl Reference {
         wanted: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
         let cfg = &self.cfg;
-        crate::forward::check_row(cfg, state, tokens, wanted)?;
+        crate::pass::check_row(cfg, state, tokens, wanted)?;
         let h = cfg.hidden_size;
         let eps = cfg.rms_norm_eps;
         let mut x: Vec<Vec<f32>> = tokens

@@ -94,27 +94,34 @@ impl StageTimes {
 }
 
 /// Attributes the wall time since its last mark to the stage that just ended; does nothing when off, so
-/// the untimed forward pays for no clock reads.
-pub(crate) struct Clock<'a> {
-    /// The times filled and the last mark, when on.
-    on: Option<(&'a mut StageTimes, Instant)>,
+/// the untimed forward pays for no clock reads. Marked through a shared reference: a pass's steps mark it
+/// one after another from the thread that runs the pass.
+pub(crate) struct Clock {
+    /// The times so far and the last mark, when on.
+    on: Option<std::cell::RefCell<(StageTimes, Instant)>>,
 }
 
-impl<'a> Clock<'a> {
-    /// A clock filling `times`, or none.
-    pub(crate) fn new(times: Option<&'a mut StageTimes>) -> Self {
+impl Clock {
+    /// A clock that times, or one that does nothing.
+    pub(crate) fn new(on: bool) -> Self {
         Clock {
-            on: times.map(|t| (t, Instant::now())),
+            on: on.then(|| std::cell::RefCell::new((StageTimes::default(), Instant::now()))),
         }
     }
 
     /// The time since the last mark was spent in `stage`.
-    pub(crate) fn mark(&mut self, stage: Stage) {
-        if let Some((t, last)) = &mut self.on {
+    pub(crate) fn mark(&self, stage: Stage) {
+        if let Some(on) = &self.on {
+            let (t, last) = &mut *on.borrow_mut();
             let now = Instant::now();
             t.secs[stage as usize] += now.duration_since(*last).as_secs_f64();
             *last = now;
         }
+    }
+
+    /// What it timed (nothing when off).
+    pub(crate) fn times(self) -> StageTimes {
+        self.on.map(|c| c.into_inner().0).unwrap_or_default()
     }
 }
 
@@ -125,15 +132,13 @@ mod tests {
     #[test]
     fn a_clock_gives_each_stage_the_time_since_the_last_mark() {
         let ms = |n| std::thread::sleep(std::time::Duration::from_millis(n));
-        let mut t = StageTimes::default();
-        {
-            let mut c = Clock::new(Some(&mut t));
-            ms(200);
-            c.mark(Stage::Gdn);
-            ms(10);
-            c.mark(Stage::Norms);
-            c.mark(Stage::Projections);
-        }
+        let c = Clock::new(true);
+        ms(200);
+        c.mark(Stage::Gdn);
+        ms(10);
+        c.mark(Stage::Norms);
+        c.mark(Stage::Projections);
+        let t = c.times();
         assert!(t.get(Stage::Gdn) >= 0.2, "{t:?}");
         // The norms had their 10 ms, not the GDN's 200 ms too.
         assert!((0.010..0.2).contains(&t.get(Stage::Norms)), "{t:?}");

@@ -145,6 +145,21 @@ impl KvCache {
     }
 }
 
+/// Advance a GDN layer's state by `f`: in place when no snapshot shares it, else on a copy (the snapshot
+/// keeps the old one); the all-zero state of a fresh sequence is made first.
+pub(crate) fn advance_gdn(
+    slot: &mut Option<Arc<GdnState>>,
+    cfg: &Qwen35Config,
+    f: impl FnOnce(&mut GdnState),
+) {
+    let mut own = match slot.take() {
+        Some(arc) => Arc::try_unwrap(arc).unwrap_or_else(|shared| (*shared).clone()),
+        None => GdnState::zeros(cfg),
+    };
+    f(&mut own);
+    *slot = Some(Arc::new(own));
+}
+
 #[derive(Debug, Clone)]
 pub(crate) enum LayerState {
     /// `None` is the all-zero state of a fresh sequence.

@@ -257,7 +257,7 @@ fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
 
 /// The process's resident and peak resident bytes (Linux only).
 fn process_memory() -> Option<(u64, u64)> {
-    use kev_engine::memory;
+    use kev_decide::memory;
     Some((memory::resident_bytes()?, memory::peak_resident_bytes()?))
 }
 

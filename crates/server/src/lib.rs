@@ -130,9 +130,11 @@ pub trait Decider: Send + Sync + 'static {
     /// What the job has left.
     fn need(&self, job: &Self::Job) -> Need;
 
-    /// One engine pass: advance each job by at most its grant of tokens, and by at least one unit.
-    /// One [`Step`] per grant, in order; a failure is logged by the server with its cause.
-    fn pass(&self, grants: &mut [(&mut Self::Job, usize)]) -> Vec<Step>;
+    /// One engine pass in `lane`: advance each job by at most its grant of tokens, and by at least one
+    /// unit. One [`Step`] per grant, in order; a failure is logged by the server with its cause. A
+    /// background pass (the long lane's) steps aside at the engine's safe points while a foreground pass
+    /// runs.
+    fn pass(&self, grants: &mut [(&mut Self::Job, usize)], lane: kev_decide::Lane) -> Vec<Step>;
 
     /// Anything to do before the warm-up request, on a blocking worker (default: nothing).
     fn warm_up(&self) -> Result<(), String> {

@@ -31,6 +31,8 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::sched::{self, Candidate, Policy};
+use kev_decide::Lane;
+
 use crate::{Decider, Need, Step};
 
 /// What the engine thread sends back for one part of a request.
@@ -431,8 +433,9 @@ const LANE_STARVE: Duration = Duration::from_secs(1);
 /// more after another [`LANE_STARVE`] of their passes.
 const LANE_HOLD: Duration = Duration::from_secs(2);
 
-/// Make the calling thread a lane thread: the OS runs it below kev's other threads ([`LongLane`]), and the
-/// engine pauses it at safe points while a short pass runs ([`kev_engine::background`]).
+/// Make the calling thread a lane thread: the OS runs it below kev's other threads ([`LongLane`]); its
+/// passes are background passes ([`Lane::Background`]), which the engine pauses at safe points while a
+/// short pass runs.
 ///
 /// Measured on 2 cores beside a 62,000-token state (docs/results/server.md): the pauses do most of the
 /// work, the OS priority the rest (the lane would otherwise take a core whenever a short request's thread
@@ -440,7 +443,6 @@ const LANE_HOLD: Duration = Duration::from_secs(2);
 /// CPU-bound processes beside the server a 5,900-token state made no progress in 80 s at `SCHED_IDLE`,
 /// and took 8–10 s at nice 10.
 fn lower_priority(lane: LongLane) {
-    kev_engine::background::mark_background();
     #[cfg(not(target_os = "linux"))]
     let _ = lane;
     #[cfg(target_os = "linux")]
@@ -491,8 +493,8 @@ fn lane_loop<D: Decider>(
         let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut grants = [(&mut entry.job, tokens)];
             match &pool {
-                Ok(pool) => pool.install(|| decider.pass(&mut grants)),
-                Err(_) => decider.pass(&mut grants),
+                Ok(pool) => pool.install(|| decider.pass(&mut grants, Lane::Background)),
+                Err(_) => decider.pass(&mut grants, Lane::Background),
             }
         }));
         let took = t.elapsed();
@@ -731,11 +733,9 @@ fn engine_loop<D: Decider>(decider: Arc<D>, shared: Arc<Shared<D::Job>>) {
                 .filter_map(|(e, g)| g.map(|t| (&mut e.job, t)))
                 .collect();
             let n = grants.len();
-            // Lane threads step aside while this pass runs.
-            let _fg = lane
-                .as_ref()
-                .map(|_| kev_engine::background::Foreground::enter());
-            match std::panic::catch_unwind(AssertUnwindSafe(|| decider.pass(&mut grants))) {
+            // A foreground pass: lane passes step aside while it runs.
+            let pass = || decider.pass(&mut grants, Lane::Foreground);
+            match std::panic::catch_unwind(AssertUnwindSafe(pass)) {
                 Ok(steps) if steps.len() == n => Ok(steps),
                 Ok(steps) => {
                     tracing::error!(

@@ -3,8 +3,7 @@
 //! records ([`crate::Need`], [`crate::Step`], [`crate::Stats`]) are its own; a refusal becomes its HTTP answer
 //! here, through the one status table ([`ApiError::from_wire`]).
 
-use kev_decide::{Grant, Kev, Task};
-use kev_engine::Backend;
+use kev_decide::{Backend, Grant, Kev, Lane, Task};
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -125,7 +124,7 @@ where
         Kev::need(self, job)
     }
 
-    fn pass(&self, grants: &mut [(&mut Self::Job, usize)]) -> Vec<Step> {
+    fn pass(&self, grants: &mut [(&mut Self::Job, usize)], lane: Lane) -> Vec<Step> {
         let mut grants: Vec<Grant<'_, B::State>> = grants
             .iter_mut()
             .map(|(task, tokens)| Grant {
@@ -133,7 +132,7 @@ where
                 tokens: *tokens,
             })
             .collect();
-        Kev::pass(self, &mut grants)
+        Kev::pass(self, &mut grants, lane)
     }
 
     fn warm_up_request(&self) -> Option<Vec<u8>> {

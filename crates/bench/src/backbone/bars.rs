@@ -3,7 +3,8 @@
 //! ik_llama.cpp on AVX2, against our own float arms on int8 dot-product kernels), the long row and the RSS bar.
 //! Everything here is arithmetic on figures already measured, so the unit tests give the figures.
 
-use kev_engine::kernels::{Isa, peak};
+use kev_engine::kernels::Isa;
+use kev_kernels::peak;
 
 use super::{PeerResult, RowResult, int8_ceiling};
 use crate::{Bar, GIB, secs, times};

@@ -40,7 +40,10 @@ fn write_jsonl(path: &Path, bodies: impl IntoIterator<Item = String>) {
 }
 
 fn lines(bodies: Vec<Value>) -> Vec<String> {
-    bodies.iter().map(|b| serde_json::to_string(b).unwrap()).collect()
+    bodies
+        .iter()
+        .map(|b| serde_json::to_string(b).unwrap())
+        .collect()
 }
 
 fn with_logits(mut b: Value) -> Value {
@@ -61,7 +64,9 @@ fn release_requests() -> Vec<String> {
     paths
         .iter()
         .map(|p| {
-            let text = std::fs::read_to_string(p).unwrap().replace(['\n', '\r'], " ");
+            let text = std::fs::read_to_string(p)
+                .unwrap()
+                .replace(['\n', '\r'], " ");
             let (head, rest) = text.split_once('{').expect("a request object");
             assert!(head.trim().is_empty(), "{}: not an object", p.display());
             format!("{{\"x_logits\":true,{rest}")
@@ -85,9 +90,34 @@ fn mini_requests() -> Vec<Value> {
 /// A long support thread (deterministic words) with three questions.
 fn long_request() -> Value {
     let words = [
-        "invoice", "refund", "order", "charged", "twice", "delivery", "late", "account", "password",
-        "reset", "upgrade", "plan", "price", "support", "waiting", "days", "angry", "please", "help",
-        "parcel", "tracking", "number", "bank", "statement", "March", "April", "team", "manager",
+        "invoice",
+        "refund",
+        "order",
+        "charged",
+        "twice",
+        "delivery",
+        "late",
+        "account",
+        "password",
+        "reset",
+        "upgrade",
+        "plan",
+        "price",
+        "support",
+        "waiting",
+        "days",
+        "angry",
+        "please",
+        "help",
+        "parcel",
+        "tracking",
+        "number",
+        "bank",
+        "statement",
+        "March",
+        "April",
+        "team",
+        "manager",
     ];
     let mut s = String::from("Customer thread. ");
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -195,7 +225,11 @@ fn digests(isa: &str, dir: &Path) -> BTreeMap<String, String> {
     let prep = run(
         isa,
         &[
-            &["prepare".to_string(), "--out".into(), prepared.display().to_string()][..],
+            &[
+                "prepare".to_string(),
+                "--out".into(),
+                prepared.display().to_string(),
+            ][..],
             &mini.map(String::from),
             &[
                 "--int8".into(),
@@ -328,7 +362,9 @@ fn decide_outputs_are_byte_identical_to_the_record_on_every_isa() {
         std::fs::write(record_path(), text + "\n").unwrap();
         eprintln!("recorded {}", record_path().display());
     } else if compared == 0 {
-        eprintln!("skipped: no recorded decide outputs for this CPU's instruction sets {missing:?}");
+        eprintln!(
+            "skipped: no recorded decide outputs for this CPU's instruction sets {missing:?}"
+        );
     } else if !missing.is_empty() {
         eprintln!("not compared (no record for them): KEV_ISA={missing:?}");
     }

@@ -46,9 +46,9 @@ fn run<B: Backend>(b: &B, st: &mut B::State, tokens: &[u32], wanted: &[usize]) -
         state: st,
         tokens,
         wanted,
-        adapter: 0,
+        adapter: None,
     }];
-    b.forward(&mut rows).unwrap().pop().unwrap()
+    b.forward(&mut rows, None).unwrap().pop().unwrap()
 }
 
 /// Largest |a − b| per hidden row, relative to that row's largest |b|.

@@ -113,7 +113,7 @@ fn chunked_prefixes_and_few_rows_per_pass_are_bit_equal_to_one_run() {
             }
             let both = grants.len() == 2;
             let first_small = got_small.is_none();
-            let steps = kev.pass(&mut grants);
+            let steps = kev.pass(&mut grants, kev_decide::Lane::Foreground);
             for (k, step) in steps.into_iter().enumerate() {
                 let is_small = if both { k == 0 } else { first_small };
                 if let Step::Done(r) = step {
@@ -167,10 +167,13 @@ fn a_task_reports_what_it_has_left() {
     assert_eq!(n.phase, state / 64 * 64);
     assert_eq!(n.unit, 64);
     assert_eq!(n.remaining, n.phase + rows);
-    let steps = kev.pass(&mut [Grant {
-        task: &mut task,
-        tokens: 130,
-    }]);
+    let steps = kev.pass(
+        &mut [Grant {
+            task: &mut task,
+            tokens: 130,
+        }],
+        kev_decide::Lane::Foreground,
+    );
     assert!(matches!(steps[0], Step::Running));
     // 130 tokens of grant run two chunks (cuts stay on multiples of 64).
     assert_eq!(kev.need(&task).phase, state / 64 * 64 - 128);

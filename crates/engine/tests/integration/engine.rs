@@ -121,6 +121,32 @@ fn load(dir: &Path, adapter: bool) -> Backbone {
     load_on(dir, adapter, None)
 }
 
+/// A float model and its int8 form, each running its arms (an int8 model is built as one: here plain W8A8,
+/// per-channel 8-bit weights with no islands, from the float model's panels).
+struct ArmModels {
+    float: Backbone,
+    int8: Backbone,
+}
+
+impl ArmModels {
+    fn load(dir: &Path, adapter: bool, kernels: Option<Kernels>) -> Self {
+        ArmModels {
+            float: load_on(dir, adapter, kernels),
+            int8: load_on(dir, adapter, kernels)
+                .quantised(&Int8Plan::plain(), None)
+                .unwrap(),
+        }
+    }
+
+    fn of(&self, arm: Arm) -> &Backbone {
+        if arm == Arm::Int8 {
+            &self.int8
+        } else {
+            &self.float
+        }
+    }
+}
+
 fn load_on(dir: &Path, adapter: bool, kernels: Option<Kernels>) -> Backbone {
     Backbone::load(
         &dir.join("base"),
@@ -138,14 +164,15 @@ fn f32_stored_weights_run_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg();
     write(dir.path(), &c, true);
-    let m = load(dir.path(), true);
+    let ms = ArmModels::load(dir.path(), true, None);
     let toks = tokens(70, c.vocab_size, 5);
     let wanted = [0, 33, 69];
-    let mut s0 = m.new_state();
+    let mut s0 = ms.float.new_state();
     let want = reference(dir.path(), true)
         .forward(&mut s0, &toks, &wanted)
         .unwrap();
     for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
+        let m = ms.of(arm);
         let mut s1 = m.new_state();
         let got = m.forward(arm, &mut s1, &toks, &wanted).unwrap();
         let e = rel_err(&got, &want, c.hidden_size);
@@ -170,13 +197,15 @@ fn prefix_then_continuation_equals_one_pass() {
 }
 
 fn prefix_then_continuation_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
-    let m = load_on(dir, true, Some(kern));
+    let ms = ArmModels::load(dir, true, Some(kern));
+    let m = &ms.float;
     let h = c.hidden_size;
     let toks = tokens(200, c.vocab_size, 9);
     let all: Vec<usize> = (0..toks.len()).collect();
     let r = reference(dir, true);
     let mut worst_unaligned = 0f32;
     for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
+        let m = ms.of(arm);
         let mut s = m.new_state();
         let one = m.forward(arm, &mut s, &toks, &all).unwrap();
         for split in [1usize, 3, 64, 70, 128, 199] {
@@ -281,7 +310,8 @@ fn batched_rows_equal_rows_run_alone() {
 }
 
 fn batched_rows_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
-    let m = load_on(dir, true, Some(kern));
+    let ms = ArmModels::load(dir, true, Some(kern));
+    let m = &ms.float;
     let mut s64 = m.new_state();
     m.forward(Arm::Fp32, &mut s64, &tokens(64, c.vocab_size, 1), &[])
         .unwrap();
@@ -296,6 +326,7 @@ fn batched_rows_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
         (s64.clone(), tokens(150, c.vocab_size, 6), vec![149, 64, 63]),
     ];
     for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
+        let m = ms.of(arm);
         let mut alone = Vec::new();
         let mut alone_states = Vec::new();
         for (st, t, w) in &rows {
@@ -311,7 +342,7 @@ fn batched_rows_on(dir: &Path, c: &Qwen35Config, kern: Kernels) {
                 state: s,
                 tokens: &r.1,
                 wanted: &r.2,
-                adapter: 0,
+                adapter: None,
             })
             .collect();
         let got = m.forward_batch(arm, &mut batch).unwrap();
@@ -355,7 +386,7 @@ fn mlp_passes_do_not_change_a_row() {
                     state: s,
                     tokens: t,
                     wanted: w,
-                    adapter: 0,
+                    adapter: None,
                 })
                 .collect();
             let got = m.forward_batch(arm, &mut batch).unwrap();
@@ -384,8 +415,9 @@ fn rows_do_not_depend_on_the_thread_count() {
         .build()
         .unwrap();
     for kern in kernel_sets() {
-        let m = load_on(dir.path(), true, Some(kern));
+        let ms = ArmModels::load(dir.path(), true, Some(kern));
         for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
+            let m = ms.of(arm);
             let run = |pool: &rayon::ThreadPool| {
                 pool.install(|| {
                     let mut s = m.new_state();
@@ -418,17 +450,16 @@ fn int8_plans_do_not_depend_on_batch_or_threads() {
         .build()
         .unwrap();
     for kern in kernel_sets() {
-        let mut plain = load_on(dir.path(), true, Some(kern));
-        plain.quantize_int8(None, Int8Plan::plain()).unwrap();
-        let mut m = load_on(dir.path(), true, Some(kern));
-        m.quantize_int8(
-            None,
-            Int8Plan {
-                gdn_gates_fp32: true,
-                ..Int8Plan::default()
-            },
-        )
-        .unwrap();
+        let plain = load_on(dir.path(), true, Some(kern))
+            .quantised(&Int8Plan::plain(), None)
+            .unwrap();
+        let plan = Int8Plan {
+            gdn_gates_fp32: true,
+            ..Int8Plan::default()
+        };
+        let m = load_on(dir.path(), true, Some(kern))
+            .quantised(&plan, None)
+            .unwrap();
         let single = |m: &Backbone, t: &[u32], w: &[usize]| {
             let mut s = m.new_state();
             m.forward(Arm::Int8, &mut s, t, w).unwrap()
@@ -448,13 +479,13 @@ fn int8_plans_do_not_depend_on_batch_or_threads() {
                         state: &mut sa,
                         tokens: &ta,
                         wanted: &wa,
-                        adapter: 0,
+                        adapter: None,
                     },
                     BatchRow {
                         state: &mut sb,
                         tokens: &tb,
                         wanted: &wb,
-                        adapter: 0,
+                        adapter: None,
                     },
                 ],
             )
@@ -503,12 +534,15 @@ fn cpu_backend_runs_rows_through_the_trait() {
     let toks = tokens(40, c.vocab_size, 8);
     let mut s = be.new_state();
     let got = be
-        .forward(&mut [BatchRow {
-            state: &mut s,
-            tokens: &toks,
-            wanted: &[39],
-            adapter: 0,
-        }])
+        .forward(
+            &mut [BatchRow {
+                state: &mut s,
+                tokens: &toks,
+                wanted: &[39],
+                adapter: None,
+            }],
+            None,
+        )
         .unwrap();
     assert_eq!(be.position(&s), 40);
     let mut s2 = m.new_state();
@@ -525,11 +559,11 @@ fn a_timed_forward_gives_the_same_bits_and_its_stages_add_up_to_the_call() {
     let dir = tempfile::tempdir().unwrap();
     let c = cfg();
     write(dir.path(), &c, false);
-    let mut m = load(dir.path(), true);
-    m.prepare_int8();
+    let ms = ArmModels::load(dir.path(), true, None);
     let toks = tokens(150, c.vocab_size, 9);
     let wanted = [3, 149];
     for arm in [Arm::Fp32, Arm::Bf16, Arm::Int8] {
+        let m = ms.of(arm);
         let want = m.forward(arm, &mut m.new_state(), &toks, &wanted).unwrap();
         let mut times = StageTimes::default();
         let mut st = m.new_state();

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kev_engine::{Arm, Backbone, Kernels, LoadOptions};
+use kev_engine::{Arm, Backbone, Int8Plan, Kernels, LoadOptions};
 use kev_release::shards::TensorStore;
 use serde_json::Value;
 
@@ -104,6 +104,11 @@ fn exact_fp32_matches_reference_hidden_states() {
 
 fn exact_fp32_on(kern: Kernels) {
     let m = exact_model_on(Some(kern));
+    // The int8 arm's model: plain W8A8 (per-channel 8-bit weights, no islands) of the same weights, the
+    // adapter unmerged in f32 beside them.
+    let q = exact_model_on(Some(kern))
+        .quantised(&Int8Plan::plain(), None)
+        .unwrap();
     let h = m.config().hidden_size;
     let rows = rows();
     assert!(!rows.is_empty(), "no fixture rows with hidden states");
@@ -125,8 +130,8 @@ fn exact_fp32_on(kern: Kernels) {
         if e > worst_bf16.0 {
             worst_bf16 = (e, r.name.clone());
         }
-        let mut s = m.new_state();
-        let got = m.forward(Arm::Int8, &mut s, &r.ids, &r.wanted).unwrap();
+        let mut s = q.new_state();
+        let got = q.forward(Arm::Int8, &mut s, &r.ids, &r.wanted).unwrap();
         let e = rel_err(&got, &r.hidden, h);
         all_int8.push(e);
         if e > worst_int8.0 {

@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use kev_engine::{Arm, Backbone, LoadOptions};
+use kev_engine::{Arm, Backbone, Int8Plan, LoadOptions};
 
 fn rel_errs(a: &[f32], b: &[f32], h: usize) -> Vec<f32> {
     a.chunks(h)
@@ -32,8 +32,12 @@ fn int8_and_bf16_hidden_state_error_side_by_side() {
                 "/../../fixtures/release/base"
             ))
         });
-    let mut m = Backbone::load(&base, &LoadOptions::default()).unwrap();
-    let bytes = m.prepare_int8();
+    let m = Backbone::load(&base, &LoadOptions::default()).unwrap();
+    let q = Backbone::load(&base, &LoadOptions::default())
+        .unwrap()
+        .quantised(&Int8Plan::default(), None)
+        .unwrap();
+    let bytes = q.int8_bytes();
     let h = m.config().hidden_size;
     let vocab = m.config().vocab_size.min(150_000) as u32;
     eprintln!(
@@ -45,8 +49,9 @@ fn int8_and_bf16_hidden_state_error_side_by_side() {
         let ids: Vec<u32> = (0..n as u32).map(|i| 1000 + (i * 7919) % vocab).collect();
         let wanted: Vec<usize> = (0..n).filter(|i| i % 16 == 15 || *i == n - 1).collect();
         let run = |arm: Arm| {
-            let mut st = m.new_state();
-            m.forward(arm, &mut st, &ids, &wanted).unwrap()
+            let model = if arm == Arm::Int8 { &q } else { &m };
+            let mut st = model.new_state();
+            model.forward(arm, &mut st, &ids, &wanted).unwrap()
         };
         let want = run(Arm::Fp32);
         for arm in [Arm::Bf16, Arm::Int8] {

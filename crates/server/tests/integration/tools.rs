@@ -69,7 +69,7 @@ impl Decider for Stub {
         }
     }
 
-    fn pass(&self, grants: &mut [(&mut Value, usize)]) -> Vec<Step> {
+    fn pass(&self, grants: &mut [(&mut Value, usize)], _lane: kev_decide::Lane) -> Vec<Step> {
         grants
             .iter()
             .map(|(v, _)| {

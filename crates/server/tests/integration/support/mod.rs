@@ -149,7 +149,7 @@ impl Decider for Stub {
         }
     }
 
-    fn pass(&self, grants: &mut [(&mut Job, usize)]) -> Vec<Step> {
+    fn pass(&self, grants: &mut [(&mut Job, usize)], _lane: kev_decide::Lane) -> Vec<Step> {
         let mut total = 0;
         let mut names = Vec::new();
         for (job, grant) in grants.iter_mut() {

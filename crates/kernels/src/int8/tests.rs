@@ -1,6 +1,46 @@
 use super::drive::{Path, gemm_int8_on};
+use crate::{Arm, Rows, RowsMut, Run};
+
+/// [`gemm_int8_on`] with the positional arguments these tests were written with.
+// Eight plain numbers and slices: a struct per call would hide what each test varies.
+#[allow(clippy::too_many_arguments)]
+fn on(
+    kern: Kernels,
+    path: Path,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    gemm_int8_on(
+        Run::new(kern, Arm::Int8),
+        path,
+        Rows {
+            m,
+            data: a,
+            ld: lda,
+        },
+        w,
+        RowsMut { data: c, ld: ldc },
+    );
+}
+
+/// [`gemm_int8`] with positional arguments.
+fn int8_gemm(
+    kern: Kernels,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    w: &PackedInt8,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    on(kern, Path::of(kern).for_weights(w), m, a, lda, w, c, ldc);
+}
 use super::*;
-use crate::kernels::Kernels;
+use crate::Kernels;
 
 fn lcg(seed: &mut u64) -> f32 {
     *seed = seed
@@ -55,7 +95,7 @@ fn every_path_is_the_definition(m: usize, a: &[f32], k: usize, w: &PackedInt8) {
     for (kern, path) in paths() {
         let path = path.for_weights(w);
         let mut c = vec![0f32; m * n];
-        gemm_int8_on(kern, path, m, a, k, w, &mut c, n);
+        on(kern, path, m, a, k, w, &mut c, n);
         assert_eq!(
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -86,7 +126,7 @@ fn paths() -> Vec<(Kernels, Path)> {
         } else if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") && has!("avx2") {
             assert!(v.iter().any(|(_, p)| *p == Path::VnniYmmEvex));
         }
-        if crate::kernels::amx::available() {
+        if crate::amx::available() {
             assert!(v.iter().any(|(_, p)| *p == Path::Amx));
         }
     }
@@ -136,7 +176,7 @@ fn every_path_is_bit_equal_to_the_definition_on_odd_shapes() {
             let want = naive(m, &a, lda, &w);
             let ldc = n + 5;
             let mut c = vec![f32::NAN; m * ldc];
-            gemm_int8_on(kern, path, m, &a, lda, &w, &mut c, ldc);
+            on(kern, path, m, &a, lda, &w, &mut c, ldc);
             for i in 0..m {
                 for j in 0..n {
                     assert_eq!(
@@ -215,14 +255,14 @@ fn rows_do_not_depend_on_their_batch() {
     let w = PackedInt8::from_f32(n, k, &wv);
     for (kern, path) in paths() {
         let mut all = vec![0f32; m * n];
-        gemm_int8_on(kern, path, m, &a, k, &w, &mut all, n);
+        on(kern, path, m, &a, k, &w, &mut all, n);
         for start in [0, 1, 5, 17] {
             for len in [1, 2, 4, 6, 7] {
                 if start + len > m {
                     continue;
                 }
                 let mut part = vec![0f32; len * n];
-                gemm_int8_on(kern, path, len, &a[start * k..], k, &w, &mut part, n);
+                on(kern, path, len, &a[start * k..], k, &w, &mut part, n);
                 assert_eq!(
                     &part[..],
                     &all[start * n..(start + len) * n],
@@ -243,7 +283,7 @@ fn close_to_the_f32_product() {
     let wv: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
     let w = PackedInt8::from_f32(n, k, &wv);
     let mut c = vec![0f32; m * n];
-    gemm_int8(Kernels::detect(), m, &a, k, &w, &mut c, n);
+    int8_gemm(Kernels::detect(), m, &a, k, &w, &mut c, n);
     let (mut num, mut den) = (0f64, 0f64);
     for i in 0..m {
         for j in 0..n {
@@ -300,7 +340,7 @@ fn smoothing_is_bit_equal_on_every_path_and_tames_outlier_channels() {
     };
     for (kern, path) in paths() {
         let mut c = vec![0f32; m * n];
-        gemm_int8_on(kern, path, m, &a, k, &smooth, &mut c, n);
+        on(kern, path, m, &a, k, &smooth, &mut c, n);
         assert_eq!(
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -308,7 +348,7 @@ fn smoothing_is_bit_equal_on_every_path_and_tames_outlier_channels() {
         );
     }
     let mut c = vec![0f32; m * n];
-    gemm_int8(Kernels::detect(), m, &a, k, &plain, &mut c, n);
+    int8_gemm(Kernels::detect(), m, &a, k, &plain, &mut c, n);
     let (e_plain, e_smooth) = (rel(&c), rel(&want));
     assert!(
         e_smooth < 0.5 * e_plain,
@@ -349,7 +389,7 @@ fn clip_search_lowers_the_rounding_error_and_stays_bit_equal() {
     let want = naive(m, &a, k, &clipped);
     for (kern, path) in paths() {
         let mut c = vec![0f32; m * n];
-        gemm_int8_on(kern, path, m, &a, k, &clipped, &mut c, n);
+        on(kern, path, m, &a, k, &clipped, &mut c, n);
         assert_eq!(
             c.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -374,7 +414,7 @@ fn packing_round_trips_the_quantised_values() {
     }
     let zero = PackedInt8::from_f32(3, 5, &[0.0; 15]);
     let mut out = vec![f32::NAN; 3];
-    gemm_int8(Kernels::portable(), 1, &[1.0; 5], 5, &zero, &mut out, 3);
+    int8_gemm(Kernels::portable(), 1, &[1.0; 5], 5, &zero, &mut out, 3);
     assert_eq!(out, vec![0.0; 3]);
 }
 
@@ -384,7 +424,7 @@ fn packing_round_trips_the_quantised_values() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn vectorised_quantisation_is_the_definition() {
-    use crate::kernels::x86_int8::{QForm, quantize_avx2};
+    use crate::x86_int8::{QForm, quantize_avx2};
     if !std::arch::is_x86_feature_detected!("avx2") {
         println!("skipped: no AVX2 on this CPU; the vectorised quantisation was not run");
         return;
@@ -525,10 +565,7 @@ fn weight_quantisation_is_its_definition_on_every_isa() {
                     if clip && amax > 0.0 && amax.is_finite() {
                         let qmax = quant.qmax();
                         let ranges = clip_ranges(amax);
-                        let got = crate::kernels::dispatch::dispatch(
-                            kern,
-                            ClipErrors { w, ranges, qmax },
-                        );
+                        let got = crate::dispatch::dispatch(kern, ClipErrors { w, ranges, qmax });
                         let got: Vec<u64> = got[..CLIPS].iter().map(|e| e.to_bits()).collect();
                         let want: Vec<u64> = (0..=20)
                             .map(|t| err(w, range(amax, t) / qmax, qmax).to_bits())

@@ -418,6 +418,7 @@ pub(crate) unsafe fn round_pairs_bf16(n: usize, src: *const f32, dst: *mut u32) 
 /// # Safety
 /// AVX-512F + AVX512_BF16.
 #[target_feature(enable = "avx512f,avx512bf16")]
+#[cfg(feature = "peak")]
 pub(crate) unsafe fn peak_bf16(iters: u64) -> f32 {
     // SAFETY: the transmute reinterprets an integer vector as 32 bf16 (same size, all patterns valid).
     let x = unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(0x3f80)) };

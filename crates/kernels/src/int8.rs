@@ -514,10 +514,12 @@ pub fn smoothing_factors(act_amax: &[f32], weight_amax: &[f32], alpha: f32) -> V
 mod drive;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use drive::Dequantised;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), feature = "peak"))]
 pub(crate) use drive::Path;
-pub(crate) use drive::narrow_is_faster;
-pub use drive::{ceiling_chain, gemm_int8};
+#[cfg(feature = "peak")]
+pub use drive::ceiling_chain;
+pub use drive::gemm_int8;
+pub use drive::narrow_is_faster;
 
 #[cfg(test)]
 mod tests;

@@ -236,8 +236,8 @@ impl Simd for Scalar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::Kernels;
-    use crate::kernels::dispatch::dispatch;
+    use crate::Kernels;
+    use crate::dispatch::dispatch;
 
     /// Every instruction set this CPU has, through the same generic body: the common operations agree
     /// with plain f32 arithmetic lane by lane (partial loads and stores included).

@@ -1,15 +1,15 @@
 //! GEMM benchmark on the 4B projection shapes: kev's fp32, bf16 and int8 arms (BF16 weights; int8 quantised
 //! from them) against the `gemm` crate's f32 GEMM (weights pre-widened to f32, its best case). `cargo bench
-//! -p kev-engine --bench gemm`; `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions
+//! -p kev-kernels --features peak --bench gemm`; `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions
 //! (median reported), `KEV_BENCH_ARMS=fp32,bf16,int8,crate` the columns (all by default),
 //! `KEV_BENCH_INT8=wide` 8-bit weights for the int8 column (default: the rule's 7-bit weights,
 //! `WeightQuant::narrow`, which AVX2 multiplies with `vpmaddubsw`); each read against its own chain's ceiling.
 
 use std::time::Instant;
 
-use kev_engine::kernels::int8::{WeightQuant, ceiling_chain, gemm_int8};
-use kev_engine::kernels::peak::{self, process_cpu_seconds};
-use kev_engine::kernels::{
+use kev_kernels::int8::{WeightQuant, ceiling_chain, gemm_int8};
+use kev_kernels::peak::{self, process_cpu_seconds};
+use kev_kernels::{
     Arm, Kernels, PackedInt8, PackedMatrix, Rows, RowsMut, Run, bf16_bits, bf16_to_f32, gemm,
 };
 
@@ -119,7 +119,7 @@ fn main() {
                     cols.push(None);
                     continue;
                 }
-                let run = Run { kern, arm };
+                let run = Run::new(kern, arm);
                 cols.push(Some(time(reps, || {
                     let a = Rows {
                         m,
@@ -137,10 +137,20 @@ fn main() {
                     );
                 })));
             }
-            cols.push(
-                q8.as_ref()
-                    .map(|q| time(reps, || gemm_int8(kern, m, &a, lda, q, &mut c, n))),
-            );
+            cols.push(q8.as_ref().map(|q| {
+                time(reps, || {
+                    let rows = Rows {
+                        m,
+                        data: &a,
+                        ld: lda,
+                    };
+                    let out = RowsMut {
+                        data: &mut c,
+                        ld: n,
+                    };
+                    gemm_int8(Run::new(kern, Arm::Int8), rows, q, out)
+                })
+            }));
             // The gemm crate wants W as a [k, n] right-hand side: column stride k over the row-major W.
             cols.push(on("crate").then(|| {
                 time(reps, || unsafe {

@@ -307,7 +307,7 @@ mod tests {
             let base = sum_squares(&x);
             for k in Kernels::available() {
                 assert_eq!(
-                    crate::kernels::wide!(k, || sum_squares(&x)).to_bits(),
+                    crate::wide!(k, || sum_squares(&x)).to_bits(),
                     base.to_bits(),
                     "{k:?} {n}"
                 );

@@ -16,7 +16,7 @@ use super::super::cache::prefetch_share;
 use super::super::gemm::as_bytes;
 use super::super::layout::{MR8, NR};
 use super::super::simd::{Kernel, Simd};
-use super::super::{Isa, Kernels, SendPtr};
+use super::super::{Isa, Kernels, Rows, RowsMut, Run, SendPtr};
 use super::{G, PackedInt8, quantize_row};
 
 /// Rows per pass over a panel (their i32 accumulators, `MC · 64 · 4` bytes = 66 KiB, stay in L2).
@@ -205,7 +205,7 @@ impl Path {
     }
 
     /// The register-resident chain the path's microkernel is built from (its ceiling in `peak`).
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", feature = "peak"))]
     pub(crate) fn chain(self) -> Option<super::super::x86_peak::Chain> {
         use super::super::x86_peak::Chain;
         match self {
@@ -219,7 +219,7 @@ impl Path {
     }
 
     /// The register-resident chain the path's microkernel is built from (its ceiling in `peak`).
-    #[cfg(target_arch = "aarch64")]
+    #[cfg(all(target_arch = "aarch64", feature = "peak"))]
     pub(crate) fn chain(self) -> Option<super::super::neon_peak::Chain> {
         use super::super::neon_peak::Chain;
         match self {
@@ -241,6 +241,7 @@ thread_local! {
 
 /// The name of the register-resident chain (as `kernels::peak` reports it) that the int8 GEMM runs with
 /// `kern` on narrow (7-bit) or 8-bit weights; `None` where the path has no such chain (portable, AMX).
+#[cfg(feature = "peak")]
 pub fn ceiling_chain(kern: Kernels, narrow: bool) -> Option<&'static str> {
     let path = Path::of(kern);
     let path = if narrow { path.narrowed() } else { path };
@@ -255,36 +256,21 @@ pub fn ceiling_chain(kern: Kernels, narrow: bool) -> Option<&'static str> {
 
 /// Whether `kern` multiplies narrow (7-bit) weights on a faster kernel than 8-bit ones (AVX2's
 /// `vpmaddubsw`; the VNNI and AMX paths take either width at one speed).
-pub(crate) fn narrow_is_faster(kern: Kernels) -> bool {
+pub fn narrow_is_faster(kern: Kernels) -> bool {
     Path::of(kern).narrowed() != Path::of(kern)
 }
 
-/// `C[i, j] = Σ_k A[i, k] · W[j, k]` through int8, for `i < m`, `j < w.n()`; strides as in
-/// [`super::super::gemm`].
-pub fn gemm_int8(
-    kern: Kernels,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    w: &PackedInt8,
-    c: &mut [f32],
-    ldc: usize,
-) {
-    gemm_int8_on(kern, Path::of(kern).for_weights(w), m, a, lda, w, c, ldc);
+/// `C[i, j] = Σ_k A[i, k] · W[j, k]` through int8, for `i < a.m`, `j < w.n()`; strides as in
+/// [`crate::gemm()`], which `run` names the kernels and the pause points of (its arm is int8 by definition).
+pub fn gemm_int8(run: Run<'_>, a: Rows<'_>, w: &PackedInt8, c: RowsMut<'_>) {
+    gemm_int8_on(run, Path::of(run.kern).for_weights(w), a, w, c);
 }
 
 /// [`gemm_int8`] on a given path (the tests choose paths [`Path::of`] would not).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_int8_on(
-    kern: Kernels,
-    path: Path,
-    m: usize,
-    a: &[f32],
-    lda: usize,
-    w: &PackedInt8,
-    c: &mut [f32],
-    ldc: usize,
-) {
+pub(crate) fn gemm_int8_on(run: Run<'_>, path: Path, a: Rows<'_>, w: &PackedInt8, c: RowsMut<'_>) {
+    let kern = run.kern;
+    let (m, a, lda) = (a.m, a.data, a.ld);
+    let (c, ldc) = (c.data, c.ld);
     let (n, k) = (w.n, w.k);
     if m == 0 || n == 0 {
         return;
@@ -363,7 +349,7 @@ pub(crate) fn gemm_int8_on(
             stride: lq,
             scale: &sa,
         };
-        run_panels(kern, path, &rows, w, c, ldc);
+        run_panels(run, path, &rows, w, c, ldc);
         *s.borrow_mut() = (qa, sa);
     });
 }
@@ -425,7 +411,7 @@ struct QuantisedRows<'a> {
 }
 
 fn run_panels(
-    kern: Kernels,
+    run: Run<'_>,
     path: Path,
     rows_in: &QuantisedRows<'_>,
     w: &PackedInt8,
@@ -434,9 +420,10 @@ fn run_panels(
 ) {
     let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
     let (n, kg) = (w.n, w.kg);
+    let Run { kern, pause, .. } = run;
     #[cfg(target_arch = "x86_64")]
     if path == Path::Amx {
-        run_panels_amx(kern, rows_in, w, c, ldc);
+        run_panels_amx(run, rows_in, w, c, ldc);
         return;
     }
     let cp = SendPtr(c.as_mut_ptr());
@@ -449,7 +436,7 @@ fn run_panels(
     let fused = path.dequantises_in_kernel();
     let panels = n.div_ceil(NR);
     (0..panels).into_par_iter().for_each(|p| {
-        crate::background::yield_point();
+        pause.reach();
         PANEL.with(|bufs| {
             let (acc, wide) = &mut *bufs.borrow_mut();
             let wp = &w.data[p * kg * NR * G..(p + 1) * kg * NR * G];
@@ -750,13 +737,14 @@ impl Kernel for DequantRows<'_> {
 /// path. Signed activations, so no zero-point correction.
 #[cfg(target_arch = "x86_64")]
 fn run_panels_amx(
-    kern: Kernels,
+    run: Run<'_>,
     rows_in: &QuantisedRows<'_>,
     w: &PackedInt8,
     c: &mut [f32],
     ldc: usize,
 ) {
     use super::super::amx::{self, Product, TileRows};
+    let kern = run.kern;
     let (m, qa, lq, sa) = (rows_in.m, rows_in.q, rows_in.stride, rows_in.scale);
     let cp = SendPtr(c.as_mut_ptr());
     let out = |p: usize, r0: usize, rows: usize, acc: &[i32]| {
@@ -778,18 +766,21 @@ fn run_panels_amx(
     // whole panels of `kg · NR · G` bytes.
     unsafe {
         amx::run_gemm::<amx::Amx>(
-            Product::Int8,
-            TileRows {
-                a: qa.as_ptr(),
-                lda: lq,
-                m,
+            amx::Job {
+                product: Product::Int8,
+                rows: TileRows {
+                    a: qa.as_ptr(),
+                    lda: lq,
+                    m,
+                },
+                w: amx::Panels {
+                    data: as_bytes(&w.data[..]),
+                    panel_bytes: w.kg * NR * G,
+                    n: w.n,
+                },
+                chunks: amx::chunks(lq, m),
+                pause: run.pause,
             },
-            amx::Panels {
-                data: as_bytes(&w.data[..]),
-                panel_bytes: w.kg * NR * G,
-                n: w.n,
-            },
-            amx::chunks(lq, m),
             out,
         )
     };

@@ -1,63 +1,63 @@
 //! Background work that steps aside for foreground work. A server runs long work (a piece deep in a long
-//! state) on threads of its own beside the short requests' passes; even at the lowest OS priority those
-//! threads take a core whenever a foreground thread waits a moment, and what they stream through the
-//! caches makes the short pass slower. So a thread marked [`mark_background`] waits at the engine's
-//! safe points (a layer, a weight panel, an attention tile) while any [`Foreground`] guard is alive.
+//! state) beside the short requests' passes; even at the lowest OS priority that work takes a core whenever
+//! a foreground thread waits a moment, and what it streams through the caches makes the short pass slower.
+//! So a background pass carries its service's [`Lanes`] and waits at the engine's safe points (a layer, a
+//! weight panel, an attention tile) while any [`Foreground`] guard of those lanes is alive.
 //!
 //! The safe points hold no locks and nothing another thread waits for inside the pass: a background pass
-//! only pauses, never changes its arithmetic.
+//! only pauses, never changes its arithmetic. A pass that carries no lanes never pauses.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-static FOREGROUND: AtomicUsize = AtomicUsize::new(0);
-/// Where paused background threads sleep until the last foreground guard is dropped. A sleep, not a
-/// poll: a background thread that woke every few microseconds to look would take the foreground's
-/// cores from it each time unless the OS ranked it below everything (`SCHED_IDLE`).
-static RESUMED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
-
-thread_local! {
-    static BACKGROUND: Cell<bool> = const { Cell::new(false) };
+/// One service's foreground work in progress, and where its background passes sleep until the last
+/// foreground guard is dropped. A sleep, not a poll: a background pass that woke every few microseconds to
+/// look would take the foreground's cores from it each time unless the OS ranked it below everything
+/// (`SCHED_IDLE`).
+#[derive(Debug, Default)]
+pub struct Lanes {
+    foreground: AtomicUsize,
+    resumed: (Mutex<()>, Condvar),
 }
 
-/// Mark the calling thread as background: its passes pause at safe points while foreground work runs.
-pub fn mark_background() {
-    BACKGROUND.with(|b| b.set(true));
-}
-
-/// Foreground work in progress, while the guard lives.
-#[derive(Debug)]
-pub struct Foreground(());
-
-impl Foreground {
-    /// Start foreground work: background threads pause at their next safe point.
-    pub fn enter() -> Self {
-        FOREGROUND.fetch_add(1, Ordering::SeqCst);
-        Foreground(())
+impl Lanes {
+    /// Lanes with no foreground work.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Lanes::default())
     }
-}
 
-impl Drop for Foreground {
-    fn drop(&mut self) {
-        if FOREGROUND.fetch_sub(1, Ordering::SeqCst) == 1 {
-            // Taking the lock orders this wake after any waiter's check of the count (it checks and
-            // sleeps holding the lock), so no waiter misses it.
-            let _held = RESUMED.0.lock().unwrap_or_else(|p| p.into_inner());
-            RESUMED.1.notify_all();
+    /// Start foreground work: background passes pause at their next safe point until the guard is dropped.
+    pub fn foreground(self: &Arc<Self>) -> Foreground {
+        self.foreground.fetch_add(1, Ordering::SeqCst);
+        Foreground(Arc::clone(self))
+    }
+
+    /// A background pass's safe point: wait while foreground work runs.
+    #[inline]
+    pub fn step_aside(&self) {
+        if self.foreground.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut held = self.resumed.0.lock().unwrap_or_else(|p| p.into_inner());
+        while self.foreground.load(Ordering::SeqCst) > 0 {
+            held = self.resumed.1.wait(held).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
-/// A safe point: on a background thread, wait while foreground work runs.
-#[inline]
-pub(crate) fn yield_point() {
-    if FOREGROUND.load(Ordering::Relaxed) == 0 || !BACKGROUND.with(Cell::get) {
-        return;
-    }
-    let mut held = RESUMED.0.lock().unwrap_or_else(|p| p.into_inner());
-    while FOREGROUND.load(Ordering::SeqCst) > 0 {
-        held = RESUMED.1.wait(held).unwrap_or_else(|p| p.into_inner());
+/// Foreground work in progress, while the guard lives.
+#[derive(Debug)]
+pub struct Foreground(Arc<Lanes>);
+
+impl Drop for Foreground {
+    fn drop(&mut self) {
+        let lanes = &self.0;
+        if lanes.foreground.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // Taking the lock orders this wake after any waiter's check of the count (it checks and
+            // sleeps holding the lock), so no waiter misses it.
+            let _held = lanes.resumed.0.lock().unwrap_or_else(|p| p.into_inner());
+            lanes.resumed.1.notify_all();
+        }
     }
 }
 
@@ -70,12 +70,13 @@ mod tests {
 
     #[test]
     fn a_background_thread_waits_at_a_safe_point_while_foreground_work_runs() {
-        let fg = Foreground::enter();
+        let lanes = Lanes::new();
+        let fg = lanes.foreground();
         let passed = Arc::new(AtomicBool::new(false));
         let p = Arc::clone(&passed);
+        let bg_lanes = Arc::clone(&lanes);
         let bg = std::thread::spawn(move || {
-            mark_background();
-            yield_point();
+            bg_lanes.step_aside();
             p.store(true, Ordering::SeqCst);
         });
         std::thread::sleep(Duration::from_millis(50));
@@ -83,8 +84,8 @@ mod tests {
             !passed.load(Ordering::SeqCst),
             "the background thread did not wait"
         );
-        // A foreground thread is never held.
-        yield_point();
+        // Other lanes' passes are never held.
+        Lanes::new().step_aside();
         drop(fg);
         bg.join().unwrap();
         assert!(passed.load(Ordering::SeqCst));
@@ -94,18 +95,19 @@ mod tests {
     fn no_background_thread_sleeps_on_after_the_last_foreground_guard_is_dropped() {
         // Guards come and go while background threads pass safe points: a wake lost between a waiter's
         // check and its sleep would leave one asleep for good.
+        let lanes = Lanes::new();
         let stop = Arc::new(AtomicBool::new(false));
         let ready = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let workers: Vec<_> = (0..3)
             .map(|_| {
-                let (stop, ready) = (Arc::clone(&stop), Arc::clone(&ready));
+                let (stop, ready, lanes) =
+                    (Arc::clone(&stop), Arc::clone(&ready), Arc::clone(&lanes));
                 std::thread::spawn(move || {
-                    mark_background();
-                    yield_point();
+                    lanes.step_aside();
                     ready.fetch_add(1, Ordering::SeqCst);
                     let mut n = 1u64;
                     while !stop.load(Ordering::SeqCst) {
-                        yield_point();
+                        lanes.step_aside();
                         n += 1;
                     }
                     n
@@ -118,7 +120,7 @@ mod tests {
             std::thread::yield_now();
         }
         for _ in 0..20_000 {
-            let fg = Foreground::enter();
+            let fg = lanes.foreground();
             std::hint::spin_loop();
             drop(fg);
         }

@@ -1,5 +1,7 @@
-//! CPU kernels: the BF16-weight GEMM (two arms), a small f32 matrix product for the mixers, element-wise
-//! math, and a peak micro-benchmark.
+//! kev's CPU kernels: the GEMMs of every compute arm (BF16 weights × f32 or bf16 activations, int8 weights ×
+//! int8 activations), a small f32 matrix product for the mixers, element-wise math, and (feature `peak`) the
+//! peak-rate loops benchmarks divide by. A leaf: nothing here knows of the model; a long product pauses only
+//! where its caller's [`SafePoint`] says.
 //!
 //! Every kernel is written once, generic over the [`simd::Simd`] abstraction, and instantiated at run
 //! time for the instruction set a [`Kernels`] value names: AVX-512F (+AVX512_BF16 for the bf16 arm's dot
@@ -24,19 +26,20 @@ pub mod math;
 pub mod matmul;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
-#[cfg(target_arch = "aarch64")]
+#[cfg(all(target_arch = "aarch64", feature = "peak"))]
 pub(crate) mod neon_peak;
 pub mod pack;
+#[cfg(feature = "peak")]
 pub mod peak;
 pub(crate) mod simd;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86_int8;
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", feature = "peak"))]
 pub(crate) mod x86_peak;
 
-pub use gemm::{Rows, RowsMut, Run, gemm};
+pub use gemm::{Rows, RowsMut, Run, SafePoint, gemm};
 pub use int8::PackedInt8;
 pub use pack::PackedMatrix;
 
@@ -275,20 +278,21 @@ impl Kernels {
 /// A macro so the closure is always `#[inline(always)]`: it is called from every arm of [`run_wide`], and
 /// without the attribute LLVM keeps its body as one function compiled for the baseline that each arm only
 /// jumps to (`objdump` showed the GDN conv in SSE `mulps` that way until 2026-12-05).
+#[macro_export]
 macro_rules! wide {
     ($kern:expr, || $body:expr $(,)?) => {
-        $crate::kernels::run_wide(
+        $crate::run_wide(
             $kern,
             #[inline(always)]
             || $body,
         )
     };
 }
-pub(crate) use wide;
 
 /// The body of [`wide!`]; call it through the macro.
 #[inline(always)]
-pub(crate) fn run_wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
+#[doc(hidden)]
+pub fn run_wide<R>(kern: Kernels, f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     match kern.isa() {
         Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
@@ -332,11 +336,11 @@ pub fn bf16_to_f32(b: u16) -> f32 {
 
 /// A raw pointer that may be shared between rayon tasks writing disjoint parts of one buffer.
 #[derive(Clone, Copy)]
-pub(crate) struct SendPtr<T>(pub *mut T);
+pub struct SendPtr<T>(pub *mut T);
 impl<T> SendPtr<T> {
     /// The pointer (a method, so closures capture the `Send` wrapper rather than the raw field).
     #[inline]
-    pub(crate) fn get(self) -> *mut T {
+    pub fn get(self) -> *mut T {
         self.0
     }
 }
