@@ -237,8 +237,8 @@ impl CudaBackend {
         wanted: &[usize],
     ) -> Result<Vec<f32>, EngineError> {
         let s = self.dev.stream();
-        let cfg = &self.cfg;
-        let (t, h, pos0) = (tokens.len(), cfg.hidden_size, st.pos);
+        let h = self.cfg.hidden_size;
+        let (t, pos0) = (tokens.len(), st.pos);
         let ids: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let ids_d = s.clone_htod(&ids).map_err(dev_err)?;
         let mut x = self.alloc(t * h)?;
@@ -250,245 +250,14 @@ impl CudaBackend {
         }
         let mut hn = self.alloc(t * h)?;
         let mut delta = self.alloc(t * h)?;
-        let eps = cfg.rms_norm_eps;
         for (layer, ls) in self.w.layers.iter().zip(st.layers.iter_mut()) {
             self.rms_norm(&x, &layer.in_norm, &mut hn, t, h, true)?;
             match (&layer.mixer, ls) {
-                (
-                    Mixer::Gdn {
-                        qkv,
-                        z,
-                        b: bm,
-                        a: am,
-                        taps,
-                        a_log,
-                        dt_bias,
-                        norm,
-                        out,
-                    },
-                    LayerState::Gdn { conv, rec },
-                ) => {
-                    let (cd, vd) = (cfg.conv_dim(), cfg.value_dim());
-                    let (nk, nv, dk) = (
-                        cfg.linear_num_key_heads,
-                        cfg.linear_num_value_heads,
-                        cfg.linear_key_head_dim,
-                    );
-                    let kd = nk * dk;
-                    let mut qkv_o = self.alloc(t * cd)?;
-                    let mut z_o = self.alloc(t * vd)?;
-                    let mut b_o = self.alloc(t * nv)?;
-                    let mut a_o = self.alloc(t * nv)?;
-                    self.gemm(&hn, qkv, t, &mut qkv_o)?;
-                    self.gemm(&hn, z, t, &mut z_o)?;
-                    self.gemm(&hn, bm, t, &mut b_o)?;
-                    self.gemm(&hn, am, t, &mut a_o)?;
-                    let mut conv_o = self.alloc(t * cd)?;
-                    let mut hist = self.alloc(3 * cd)?;
-                    {
-                        let (ti, ci) = (t as i32, cd as i32);
-                        let mut b = s.launch_builder(&self.f.conv_silu);
-                        b.arg(&qkv_o)
-                            .arg(&*conv)
-                            .arg(taps)
-                            .arg(&mut conv_o)
-                            .arg(&mut hist);
-                        b.arg(&ti).arg(&ci);
-                        let cfg_l = LaunchConfig {
-                            grid_dim: (cd.div_ceil(256) as u32, t as u32, 1),
-                            block_dim: (256, 1, 1),
-                            shared_mem_bytes: 0,
-                        };
-                        unsafe { b.launch(cfg_l) }.map_err(dev_err)?;
-                    }
-                    *conv = hist;
-                    // q at columns [0, kd), k at [kd, 2kd), v after: normalise q (scaled) and k in place.
-                    for (off, scale) in [(0usize, 1.0 / (dk as f32).sqrt()), (kd, 1.0f32)] {
-                        let (hi, di, rs, e) = (nk as i32, dk as i32, cd as i64, 1e-6f32);
-                        let mut view = conv_o.slice_mut(off..);
-                        let mut b = s.launch_builder(&self.f.l2_norm_heads);
-                        b.arg(&mut view)
-                            .arg(&hi)
-                            .arg(&di)
-                            .arg(&rs)
-                            .arg(&e)
-                            .arg(&scale);
-                        unsafe { b.launch(grid(t * nk, 128)) }.map_err(dev_err)?;
-                    }
-                    let mut g = self.alloc(t * nv)?;
-                    let mut beta = self.alloc(t * nv)?;
-                    {
-                        let nvi = nv as i32;
-                        let mut b = s.launch_builder(&self.f.gdn_gates);
-                        b.arg(&a_o)
-                            .arg(&b_o)
-                            .arg(a_log)
-                            .arg(dt_bias)
-                            .arg(&mut g)
-                            .arg(&mut beta)
-                            .arg(&nvi);
-                        unsafe { b.launch(grid(t, nv.next_power_of_two() as u32)) }
-                            .map_err(dev_err)?;
-                    }
-                    let mut o = self.alloc(t * vd)?;
-                    {
-                        let qv = conv_o.slice(0..);
-                        let kv = conv_o.slice(kd..);
-                        let vv = conv_o.slice(2 * kd..);
-                        let (ti, nki, nvi) = (t as i32, nk as i32, nv as i32);
-                        let stride = cd as i64;
-                        let mut b = s.launch_builder(&self.f.gdn_recurrent);
-                        b.arg(&qv)
-                            .arg(&kv)
-                            .arg(&vv)
-                            .arg(&g)
-                            .arg(&beta)
-                            .arg(&mut *rec)
-                            .arg(&mut o);
-                        b.arg(&ti)
-                            .arg(&nki)
-                            .arg(&nvi)
-                            .arg(&stride)
-                            .arg(&stride)
-                            .arg(&stride);
-                        unsafe { b.launch(grid(nv, cfg.linear_value_head_dim as u32)) }
-                            .map_err(dev_err)?;
-                    }
-                    let mut y = self.alloc(t * vd)?;
-                    {
-                        let (dv, zs, nvi) =
-                            (cfg.linear_value_head_dim as i32, vd as i64, nv as i32);
-                        let mut b = s.launch_builder(&self.f.gated_rms_norm);
-                        b.arg(&o)
-                            .arg(&z_o)
-                            .arg(norm)
-                            .arg(&mut y)
-                            .arg(&dv)
-                            .arg(&zs)
-                            .arg(&nvi)
-                            .arg(&eps);
-                        unsafe { b.launch(grid(t * nv, 128)) }.map_err(dev_err)?;
-                    }
-                    self.gemm(&y, out, t, &mut delta)?;
+                (Mixer::Gdn { .. }, LayerState::Gdn { conv, rec }) => {
+                    self.gdn(&layer.mixer, (conv, rec), &hn, t, &mut delta)?
                 }
-                (
-                    Mixer::Attn {
-                        q,
-                        k,
-                        v,
-                        q_norm,
-                        k_norm,
-                        o,
-                    },
-                    LayerState::Attn { k: kc, v: vc },
-                ) => {
-                    let (nh, nkv, hd) = (
-                        cfg.num_attention_heads,
-                        cfg.num_key_value_heads,
-                        cfg.head_dim,
-                    );
-                    let mut qg = self.alloc(t * 2 * nh * hd)?;
-                    let mut kk = self.alloc(t * nkv * hd)?;
-                    let mut vv = self.alloc(t * nkv * hd)?;
-                    self.gemm(&hn, q, t, &mut qg)?;
-                    self.gemm(&hn, k, t, &mut kk)?;
-                    self.gemm(&hn, v, t, &mut vv)?;
-                    let mut qr = self.alloc(t * nh * hd)?;
-                    let mut kr = self.alloc(t * nkv * hd)?;
-                    let (di, ri, p0) = (hd as i32, cfg.rotary_dim as i32, pos0 as i64);
-                    let theta = cfg.rope_theta;
-                    for (src, stride, head_stride, w, dst, heads) in [
-                        (
-                            &qg,
-                            (2 * nh * hd) as i64,
-                            (2 * hd) as i64,
-                            q_norm,
-                            &mut qr,
-                            nh,
-                        ),
-                        (&kk, (nkv * hd) as i64, hd as i64, k_norm, &mut kr, nkv),
-                    ] {
-                        let hi = heads as i32;
-                        let mut b = s.launch_builder(&self.f.qk_norm_rope);
-                        b.arg(src)
-                            .arg(&stride)
-                            .arg(&head_stride)
-                            .arg(w)
-                            .arg(dst)
-                            .arg(&hi)
-                            .arg(&di);
-                        b.arg(&ri).arg(&p0).arg(&theta).arg(&eps);
-                        unsafe { b.launch(grid(t * heads, 256)) }.map_err(dev_err)?;
-                    }
-                    // The cache grows by copying: simple, and rows are short next to the weights.
-                    let len = pos0 + t;
-                    let width = nkv * hd;
-                    let mut k_new = self.alloc(len * width)?;
-                    let mut v_new = self.alloc(len * width)?;
-                    if let (Some(ko), Some(vo)) = (kc.as_ref(), vc.as_ref()) {
-                        s.memcpy_dtod(
-                            &ko.slice(0..pos0 * width),
-                            &mut k_new.slice_mut(0..pos0 * width),
-                        )
-                        .map_err(dev_err)?;
-                        s.memcpy_dtod(
-                            &vo.slice(0..pos0 * width),
-                            &mut v_new.slice_mut(0..pos0 * width),
-                        )
-                        .map_err(dev_err)?;
-                    }
-                    {
-                        let (kvi, dii) = (nkv as i32, hd as i32);
-                        let mut b = s.launch_builder(&self.f.kv_append);
-                        b.arg(&kr)
-                            .arg(&vv)
-                            .arg(&mut k_new)
-                            .arg(&mut v_new)
-                            .arg(&p0)
-                            .arg(&kvi)
-                            .arg(&dii);
-                        unsafe { b.launch(grid(t * nkv, hd as u32)) }.map_err(dev_err)?;
-                    }
-                    let mut att = self.alloc(t * nh * hd)?;
-                    {
-                        let (hi, kvi, dii) = (nh as i32, nkv as i32, hd as i32);
-                        let scale = 1.0 / (hd as f32).sqrt();
-                        // 48 KiB of shared memory without an opt-in, 1 KiB of it the kernel's reduction scratch.
-                        let shared = (len * 4) as u32;
-                        if shared > 47 * 1024 {
-                            return Err(EngineError::Input(format!(
-                                "{len} positions: the CUDA attention kernel holds at most 12,032 scores per query"
-                            )));
-                        }
-                        let mut b = s.launch_builder(&self.f.attention);
-                        b.arg(&qr)
-                            .arg(&k_new)
-                            .arg(&v_new)
-                            .arg(&mut att)
-                            .arg(&hi)
-                            .arg(&kvi)
-                            .arg(&dii);
-                        b.arg(&p0).arg(&scale);
-                        let mut lc = grid(t * nh, 256);
-                        lc.shared_mem_bytes = shared;
-                        unsafe { b.launch(lc) }.map_err(dev_err)?;
-                    }
-                    {
-                        let gate = qg.slice(hd..);
-                        let (gs, ghs, hi, dii) =
-                            ((2 * nh * hd) as i64, (2 * hd) as i64, nh as i32, hd as i32);
-                        let mut b = s.launch_builder(&self.f.sigmoid_gate);
-                        b.arg(&mut att)
-                            .arg(&gate)
-                            .arg(&gs)
-                            .arg(&ghs)
-                            .arg(&hi)
-                            .arg(&dii);
-                        unsafe { b.launch(grid(t * nh, hd as u32)) }.map_err(dev_err)?;
-                    }
-                    *kc = Some(k_new);
-                    *vc = Some(v_new);
-                    self.gemm(&att, o, t, &mut delta)?;
+                (Mixer::Attn { .. }, LayerState::Attn { k, v }) => {
+                    self.attention(&layer.mixer, (k, v), &hn, (t, pos0), &mut delta)?
                 }
                 _ => {
                     return Err(EngineError::Input(
@@ -497,24 +266,298 @@ impl CudaBackend {
                 }
             }
             self.add(&mut x, &delta, t * h)?;
-            // MLP.
-            let im = cfg.intermediate_size;
-            self.rms_norm(&x, &layer.post_norm, &mut hn, t, h, true)?;
-            let mut g = self.alloc(t * im)?;
-            let mut u = self.alloc(t * im)?;
-            self.gemm(&hn, &layer.gate, t, &mut g)?;
-            self.gemm(&hn, &layer.up, t, &mut u)?;
-            let mut act = self.alloc(t * im)?;
-            {
-                let n = (t * im) as i64;
-                let mut b = s.launch_builder(&self.f.silu_mul);
-                b.arg(&g).arg(&u).arg(&mut act).arg(&n);
-                unsafe { b.launch(blocks(t * im)) }.map_err(dev_err)?;
-            }
-            self.gemm(&act, &layer.down, t, &mut delta)?;
+            self.mlp(layer, &x, (&mut hn, &mut delta), t)?;
             self.add(&mut x, &delta, t * h)?;
         }
         st.pos += t;
+        self.finish(&x, wanted)
+    }
+
+    /// A Gated DeltaNet mixer over the row's `t` normed tokens `hn`, its state advanced; the out
+    /// projection into `delta`.
+    fn gdn(
+        &self,
+        mixer: &Mixer,
+        (conv, rec): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        hn: &CudaSlice<f32>,
+        t: usize,
+        delta: &mut CudaSlice<f32>,
+    ) -> Result<(), EngineError> {
+        let Mixer::Gdn {
+            qkv,
+            z,
+            b: bm,
+            a: am,
+            taps,
+            a_log,
+            dt_bias,
+            norm,
+            out,
+        } = mixer
+        else {
+            unreachable!("a GDN layer")
+        };
+        let (s, cfg, eps) = (self.dev.stream(), &self.cfg, self.cfg.rms_norm_eps);
+        let (cd, vd) = (cfg.conv_dim(), cfg.value_dim());
+        let (nk, nv, dk) = (
+            cfg.linear_num_key_heads,
+            cfg.linear_num_value_heads,
+            cfg.linear_key_head_dim,
+        );
+        let kd = nk * dk;
+        let mut qkv_o = self.alloc(t * cd)?;
+        let mut z_o = self.alloc(t * vd)?;
+        let mut b_o = self.alloc(t * nv)?;
+        let mut a_o = self.alloc(t * nv)?;
+        self.gemm(hn, qkv, t, &mut qkv_o)?;
+        self.gemm(hn, z, t, &mut z_o)?;
+        self.gemm(hn, bm, t, &mut b_o)?;
+        self.gemm(hn, am, t, &mut a_o)?;
+        let mut conv_o = self.alloc(t * cd)?;
+        let mut hist = self.alloc(3 * cd)?;
+        {
+            let (ti, ci) = (t as i32, cd as i32);
+            let mut b = s.launch_builder(&self.f.conv_silu);
+            b.arg(&qkv_o)
+                .arg(&*conv)
+                .arg(taps)
+                .arg(&mut conv_o)
+                .arg(&mut hist);
+            b.arg(&ti).arg(&ci);
+            let cfg_l = LaunchConfig {
+                grid_dim: (cd.div_ceil(256) as u32, t as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            unsafe { b.launch(cfg_l) }.map_err(dev_err)?;
+        }
+        *conv = hist;
+        // q at columns [0, kd), k at [kd, 2kd), v after: normalise q (scaled) and k in place.
+        for (off, scale) in [(0usize, 1.0 / (dk as f32).sqrt()), (kd, 1.0f32)] {
+            let (hi, di, rs, e) = (nk as i32, dk as i32, cd as i64, 1e-6f32);
+            let mut view = conv_o.slice_mut(off..);
+            let mut b = s.launch_builder(&self.f.l2_norm_heads);
+            b.arg(&mut view)
+                .arg(&hi)
+                .arg(&di)
+                .arg(&rs)
+                .arg(&e)
+                .arg(&scale);
+            unsafe { b.launch(grid(t * nk, 128)) }.map_err(dev_err)?;
+        }
+        let mut g = self.alloc(t * nv)?;
+        let mut beta = self.alloc(t * nv)?;
+        {
+            let nvi = nv as i32;
+            let mut b = s.launch_builder(&self.f.gdn_gates);
+            b.arg(&a_o)
+                .arg(&b_o)
+                .arg(a_log)
+                .arg(dt_bias)
+                .arg(&mut g)
+                .arg(&mut beta)
+                .arg(&nvi);
+            unsafe { b.launch(grid(t, nv.next_power_of_two() as u32)) }.map_err(dev_err)?;
+        }
+        let mut o = self.alloc(t * vd)?;
+        {
+            let qv = conv_o.slice(0..);
+            let kv = conv_o.slice(kd..);
+            let vv = conv_o.slice(2 * kd..);
+            let (ti, nki, nvi) = (t as i32, nk as i32, nv as i32);
+            let stride = cd as i64;
+            let mut b = s.launch_builder(&self.f.gdn_recurrent);
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&g)
+                .arg(&beta)
+                .arg(&mut *rec)
+                .arg(&mut o);
+            b.arg(&ti)
+                .arg(&nki)
+                .arg(&nvi)
+                .arg(&stride)
+                .arg(&stride)
+                .arg(&stride);
+            unsafe { b.launch(grid(nv, cfg.linear_value_head_dim as u32)) }.map_err(dev_err)?;
+        }
+        let mut y = self.alloc(t * vd)?;
+        {
+            let (dv, zs, nvi) = (cfg.linear_value_head_dim as i32, vd as i64, nv as i32);
+            let mut b = s.launch_builder(&self.f.gated_rms_norm);
+            b.arg(&o)
+                .arg(&z_o)
+                .arg(norm)
+                .arg(&mut y)
+                .arg(&dv)
+                .arg(&zs)
+                .arg(&nvi)
+                .arg(&eps);
+            unsafe { b.launch(grid(t * nv, 128)) }.map_err(dev_err)?;
+        }
+        self.gemm(&y, out, t, delta)
+    }
+
+    /// A gated attention mixer over the row's `t` normed tokens `hn` at positions `pos0..`, its key/value
+    /// cache grown; the out projection into `delta`.
+    fn attention(
+        &self,
+        mixer: &Mixer,
+        (kc, vc): (&mut Option<CudaSlice<f32>>, &mut Option<CudaSlice<f32>>),
+        hn: &CudaSlice<f32>,
+        (t, pos0): (usize, usize),
+        delta: &mut CudaSlice<f32>,
+    ) -> Result<(), EngineError> {
+        let Mixer::Attn {
+            q,
+            k,
+            v,
+            q_norm,
+            k_norm,
+            o,
+        } = mixer
+        else {
+            unreachable!("an attention layer")
+        };
+        let (s, cfg, eps) = (self.dev.stream(), &self.cfg, self.cfg.rms_norm_eps);
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let mut qg = self.alloc(t * 2 * nh * hd)?;
+        let mut kk = self.alloc(t * nkv * hd)?;
+        let mut vv = self.alloc(t * nkv * hd)?;
+        self.gemm(hn, q, t, &mut qg)?;
+        self.gemm(hn, k, t, &mut kk)?;
+        self.gemm(hn, v, t, &mut vv)?;
+        let mut qr = self.alloc(t * nh * hd)?;
+        let mut kr = self.alloc(t * nkv * hd)?;
+        let (di, ri, p0) = (hd as i32, cfg.rotary_dim as i32, pos0 as i64);
+        let theta = cfg.rope_theta;
+        for (src, stride, head_stride, w, dst, heads) in [
+            (
+                &qg,
+                (2 * nh * hd) as i64,
+                (2 * hd) as i64,
+                q_norm,
+                &mut qr,
+                nh,
+            ),
+            (&kk, (nkv * hd) as i64, hd as i64, k_norm, &mut kr, nkv),
+        ] {
+            let hi = heads as i32;
+            let mut b = s.launch_builder(&self.f.qk_norm_rope);
+            b.arg(src)
+                .arg(&stride)
+                .arg(&head_stride)
+                .arg(w)
+                .arg(dst)
+                .arg(&hi)
+                .arg(&di);
+            b.arg(&ri).arg(&p0).arg(&theta).arg(&eps);
+            unsafe { b.launch(grid(t * heads, 256)) }.map_err(dev_err)?;
+        }
+        // The cache grows by copying: simple, and rows are short next to the weights.
+        let len = pos0 + t;
+        let width = nkv * hd;
+        let mut k_new = self.alloc(len * width)?;
+        let mut v_new = self.alloc(len * width)?;
+        if let (Some(ko), Some(vo)) = (kc.as_ref(), vc.as_ref()) {
+            s.memcpy_dtod(
+                &ko.slice(0..pos0 * width),
+                &mut k_new.slice_mut(0..pos0 * width),
+            )
+            .map_err(dev_err)?;
+            s.memcpy_dtod(
+                &vo.slice(0..pos0 * width),
+                &mut v_new.slice_mut(0..pos0 * width),
+            )
+            .map_err(dev_err)?;
+        }
+        {
+            let (kvi, dii) = (nkv as i32, hd as i32);
+            let mut b = s.launch_builder(&self.f.kv_append);
+            b.arg(&kr)
+                .arg(&vv)
+                .arg(&mut k_new)
+                .arg(&mut v_new)
+                .arg(&p0)
+                .arg(&kvi)
+                .arg(&dii);
+            unsafe { b.launch(grid(t * nkv, hd as u32)) }.map_err(dev_err)?;
+        }
+        let mut att = self.alloc(t * nh * hd)?;
+        {
+            let (hi, kvi, dii) = (nh as i32, nkv as i32, hd as i32);
+            let scale = 1.0 / (hd as f32).sqrt();
+            // 48 KiB of shared memory without an opt-in, 1 KiB of it the kernel's reduction scratch.
+            let shared = (len * 4) as u32;
+            if shared > 47 * 1024 {
+                return Err(EngineError::Input(format!(
+                    "{len} positions: the CUDA attention kernel holds at most 12,032 scores per query"
+                )));
+            }
+            let mut b = s.launch_builder(&self.f.attention);
+            b.arg(&qr)
+                .arg(&k_new)
+                .arg(&v_new)
+                .arg(&mut att)
+                .arg(&hi)
+                .arg(&kvi)
+                .arg(&dii);
+            b.arg(&p0).arg(&scale);
+            let mut lc = grid(t * nh, 256);
+            lc.shared_mem_bytes = shared;
+            unsafe { b.launch(lc) }.map_err(dev_err)?;
+        }
+        {
+            let gate = qg.slice(hd..);
+            let (gs, ghs, hi, dii) = ((2 * nh * hd) as i64, (2 * hd) as i64, nh as i32, hd as i32);
+            let mut b = s.launch_builder(&self.f.sigmoid_gate);
+            b.arg(&mut att)
+                .arg(&gate)
+                .arg(&gs)
+                .arg(&ghs)
+                .arg(&hi)
+                .arg(&dii);
+            unsafe { b.launch(grid(t * nh, hd as u32)) }.map_err(dev_err)?;
+        }
+        *kc = Some(k_new);
+        *vc = Some(v_new);
+        self.gemm(&att, o, t, delta)
+    }
+
+    /// The MLP half's product of the row's `t` tokens of `x` into `delta` (`hn` its scratch).
+    fn mlp(
+        &self,
+        layer: &crate::upload::Layer,
+        x: &CudaSlice<f32>,
+        (hn, delta): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        t: usize,
+    ) -> Result<(), EngineError> {
+        let (s, cfg) = (self.dev.stream(), &self.cfg);
+        let h = cfg.hidden_size;
+        let im = cfg.intermediate_size;
+        self.rms_norm(x, &layer.post_norm, hn, t, h, true)?;
+        let mut g = self.alloc(t * im)?;
+        let mut u = self.alloc(t * im)?;
+        self.gemm(hn, &layer.gate, t, &mut g)?;
+        self.gemm(hn, &layer.up, t, &mut u)?;
+        let mut act = self.alloc(t * im)?;
+        {
+            let n = (t * im) as i64;
+            let mut b = s.launch_builder(&self.f.silu_mul);
+            b.arg(&g).arg(&u).arg(&mut act).arg(&n);
+            unsafe { b.launch(blocks(t * im)) }.map_err(dev_err)?;
+        }
+        self.gemm(&act, &layer.down, t, delta)
+    }
+
+    /// The final norm of the rows of `x` at `wanted`, copied to the host.
+    fn finish(&self, x: &CudaSlice<f32>, wanted: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let (s, h) = (self.dev.stream(), self.cfg.hidden_size);
         if wanted.is_empty() {
             s.synchronize().map_err(dev_err)?;
             return Ok(Vec::new());
@@ -525,7 +568,7 @@ impl CudaBackend {
         {
             let hi = h as i32;
             let mut b = s.launch_builder(&self.f.gather_rows);
-            b.arg(&x).arg(&rows_d).arg(&mut picked).arg(&hi);
+            b.arg(x).arg(&rows_d).arg(&mut picked).arg(&hi);
             unsafe { b.launch(grid(wanted.len(), 256)) }.map_err(dev_err)?;
         }
         let mut normed = self.alloc(wanted.len() * h)?;

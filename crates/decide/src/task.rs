@@ -146,6 +146,40 @@ pub(crate) enum Piece {
     Finished,
 }
 
+/// One row of a pass: its grant, tokens, wanted positions and adapter.
+struct RowSrc<'k, A> {
+    grant: usize,
+    tokens: Vec<u32>,
+    wanted: Vec<usize>,
+    lora: Option<&'k A>,
+}
+
+/// Per grant, what a pass's rows gave it.
+struct PassOutputs<S> {
+    prefix_state: Vec<Option<S>>,
+    readouts: Vec<Vec<Readout>>,
+}
+
+/// Identical prefix pieces (same adapter, same state ids, same span) run once: per grant, the grant whose
+/// row it copies.
+fn twins<S, J: Borrow<Job>>(grants: &[Grant<'_, S, J>], pieces: &[Piece]) -> Vec<Option<usize>> {
+    let mut first_of: HashMap<(usize, &[u32], usize, usize), usize> = HashMap::new();
+    let mut twin = vec![None; grants.len()];
+    for (i, piece) in pieces.iter().enumerate() {
+        if let Piece::Prefix { from, to } = *piece {
+            let job = grants[i].task.job();
+            let key = (job.adapter(), job.compiled().state_ids(), from, to);
+            match first_of.get(&key) {
+                Some(&j) => twin[i] = Some(j),
+                None => {
+                    first_of.insert(key, i);
+                }
+            }
+        }
+    }
+    twin
+}
+
 /// A question's row from a snapshot taken after `aligned` state tokens: the state's remaining tokens, then the
 /// question's; its wanted rows are the options' `<|box_end|>`s and the `<|fim_suffix|>`, shifted by `aligned`.
 fn branch_row(state_ids: &[u32], aligned: usize, branch: &Branch) -> (Vec<u32>, Vec<usize>) {
@@ -265,34 +299,54 @@ impl<B: Backend> Kev<B> {
             }
             pieces.push(self.piece(g.task, g.tokens));
         }
-
-        // 2. Identical prefix pieces (same adapter, same state ids, same span) run once; the twins copy the
-        // result.
-        let mut first_of: HashMap<(usize, &[u32], usize, usize), usize> = HashMap::new();
-        let mut twin: Vec<Option<usize>> = vec![None; grants.len()];
-        for (i, piece) in pieces.iter().enumerate() {
-            if let Piece::Prefix { from, to } = *piece {
-                let job = grants[i].task.job();
-                let key = (job.adapter(), job.compiled().state_ids(), from, to);
-                match first_of.get(&key) {
-                    Some(&j) => twin[i] = Some(j),
-                    None => {
-                        first_of.insert(key, i);
+        // 2. Identical prefix pieces run once; the twins copy the result.
+        let twin = twins(grants, &pieces);
+        // 3. The rows of the pass, run.
+        let (srcs, mut states) = self.pass_rows(grants, &pieces, &twin);
+        let result = self.run_rows(&srcs, &mut states, lane);
+        // 4. Progress.
+        let mut steps: Vec<Step> = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Finished => Step::Done(Err(DecideError::Unanswered(
+                    "granted a pass after its answer was returned",
+                ))),
+                _ => Step::Running,
+            })
+            .collect();
+        let hidden = match result {
+            Ok(h) => h,
+            Err(e) => {
+                // The pass's error is every task's in it (the engine cannot say whose row failed).
+                let e = Arc::new(e);
+                for (i, piece) in pieces.iter().enumerate() {
+                    if *piece != Piece::Finished {
+                        grants[i].task.progress = Progress::Finished;
+                        steps[i] = Step::Done(Err(DecideError::Engine(Arc::clone(&e))));
                     }
                 }
+                return steps;
+            }
+        };
+        let mut out = self.outputs(grants, &pieces, &srcs, (states, hidden));
+        for (i, step) in steps.iter_mut().enumerate() {
+            if let Some(done) = self.advance(&mut grants[i], (pieces[i], twin[i]), &mut out, i) {
+                *step = Step::Done(done);
             }
         }
+        steps
+    }
 
-        // 3. The rows of the pass: prefix pieces continue their task's state, branch rows a clone of the
-        // snapshot.
-        struct RowSrc<'k, A> {
-            grant: usize,
-            tokens: Vec<u32>,
-            wanted: Vec<usize>,
-            lora: Option<&'k A>,
-        }
-        let mut srcs: Vec<RowSrc<'_, B::Adapter>> = Vec::new();
-        let mut states: Vec<B::State> = Vec::new();
+    /// The rows of a pass: prefix pieces continue their task's state (twins run once), branch rows a clone
+    /// of the snapshot, each under its task's adapter.
+    fn pass_rows<J: Borrow<Job>>(
+        &self,
+        grants: &[Grant<'_, B::State, J>],
+        pieces: &[Piece],
+        twin: &[Option<usize>],
+    ) -> (Vec<RowSrc<'_, B::Adapter>>, Vec<B::State>) {
+        let mut srcs = Vec::new();
+        let mut states = Vec::new();
         for (i, piece) in pieces.iter().enumerate() {
             let task = &*grants[i].task;
             let compiled = task.job().compiled();
@@ -325,120 +379,126 @@ impl<B: Backend> Kev<B> {
                 _ => {}
             }
         }
-        let result = if srcs.is_empty() {
-            Ok(Vec::new())
-        } else {
-            let mut rows: Vec<BatchRow<'_, B::State, B::Adapter>> = states
-                .iter_mut()
-                .zip(&srcs)
-                .map(|(state, s)| BatchRow {
-                    state,
-                    tokens: &s.tokens,
-                    wanted: &s.wanted,
-                    adapter: s.lora,
-                })
-                .collect();
-            self.count_pass(rows.len());
-            match lane {
-                Lane::Foreground => {
-                    let _fg = self.lanes().foreground();
-                    self.backend().forward(&mut rows, None)
-                }
-                Lane::Background => self.backend().forward(&mut rows, Some(&**self.lanes())),
-            }
-        };
+        (srcs, states)
+    }
 
-        // 4. Progress.
-        let mut steps: Vec<Step> = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Finished => Step::Done(Err(DecideError::Unanswered(
-                    "granted a pass after its answer was returned",
-                ))),
-                _ => Step::Running,
+    /// Run the pass's rows in `lane`: each row's hidden states at its wanted positions.
+    fn run_rows(
+        &self,
+        srcs: &[RowSrc<'_, B::Adapter>],
+        states: &mut [B::State],
+        lane: Lane,
+    ) -> Result<Vec<Vec<f32>>, kev_engine::EngineError> {
+        if srcs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut rows: Vec<BatchRow<'_, B::State, B::Adapter>> = states
+            .iter_mut()
+            .zip(srcs)
+            .map(|(state, s)| BatchRow {
+                state,
+                tokens: &s.tokens,
+                wanted: &s.wanted,
+                adapter: s.lora,
             })
             .collect();
-        let hidden = match result {
-            Ok(h) => h,
-            Err(e) => {
-                // The pass's error is every task's in it (the engine cannot say whose row failed).
-                let e = Arc::new(e);
-                for (i, piece) in pieces.iter().enumerate() {
-                    if *piece != Piece::Finished {
-                        grants[i].task.progress = Progress::Finished;
-                        steps[i] = Step::Done(Err(DecideError::Engine(Arc::clone(&e))));
-                    }
-                }
-                return steps;
+        self.count_pass(rows.len());
+        match lane {
+            Lane::Foreground => {
+                let _fg = self.lanes().foreground();
+                self.backend().forward(&mut rows, None)
             }
+            Lane::Background => self.backend().forward(&mut rows, Some(&**self.lanes())),
+        }
+    }
+
+    /// What the rows gave each grant: a prefix piece's new state, a branch piece's readouts (in question
+    /// order from the piece's first question).
+    fn outputs<J: Borrow<Job>>(
+        &self,
+        grants: &[Grant<'_, B::State, J>],
+        pieces: &[Piece],
+        srcs: &[RowSrc<'_, B::Adapter>],
+        (states, hidden): (Vec<B::State>, Vec<Vec<f32>>),
+    ) -> PassOutputs<B::State> {
+        let mut out = PassOutputs {
+            prefix_state: (0..grants.len()).map(|_| None).collect(),
+            readouts: (0..grants.len()).map(|_| Vec::new()).collect(),
         };
-        let mut prefix_state: Vec<Option<B::State>> = (0..grants.len()).map(|_| None).collect();
-        let mut rows_out: Vec<Vec<Readout>> = (0..grants.len()).map(|_| Vec::new()).collect();
         for ((src, state), h) in srcs.iter().zip(states).zip(hidden) {
             let g = src.grant;
             match pieces[g] {
-                Piece::Prefix { .. } => prefix_state[g] = Some(state),
+                Piece::Prefix { .. } => out.prefix_state[g] = Some(state),
                 Piece::Rows { from, .. } => {
                     // Rows run in question order from `from`: the calibration is chosen per question kind.
                     let job = grants[g].task.job();
-                    let kind = job.question_kind(from + rows_out[g].len());
-                    rows_out[g].push(self.adapter_of(job).head().readout(&h, kind));
+                    let kind = job.question_kind(from + out.readouts[g].len());
+                    out.readouts[g].push(self.adapter_of(job).head().readout(&h, kind));
                 }
                 Piece::Finished => {}
             }
         }
-        for i in 0..grants.len() {
-            match pieces[i] {
-                Piece::Prefix { to, .. } => {
-                    // Twins copy their representative's state (it comes first, so copy rather than take).
-                    let state = prefix_state[twin[i].unwrap_or(i)].clone();
-                    let Some(state) = state else { continue };
-                    let task = &mut *grants[i].task;
-                    if to == task.aligned {
-                        let snapshot = Snapshot {
-                            state,
-                            aligned: task.aligned,
-                        };
-                        if twin[i].is_none() {
-                            self.remember(task.job(), &snapshot);
-                        }
-                        self.pin_if_asked(task.job(), &snapshot);
-                        task.progress = Progress::Branches {
-                            snapshot,
-                            next: 0,
-                            answered: Readouts::with_capacity(task.row_lens.len()),
-                        };
-                    } else {
-                        task.progress = Progress::Prefix { state, done: to };
+        out
+    }
+
+    /// Grant `i`'s task after its piece `(piece, its twin)`: a prefix kept (snapshotted, cached and pinned
+    /// once it reaches the aligned point), or readouts added; its answer once every question is read.
+    fn advance<J: Borrow<Job>>(
+        &self,
+        grant: &mut Grant<'_, B::State, J>,
+        (piece, twin): (Piece, Option<usize>),
+        out: &mut PassOutputs<B::State>,
+        i: usize,
+    ) -> Option<Result<Decision, DecideError>> {
+        let task = &mut *grant.task;
+        match piece {
+            Piece::Prefix { to, .. } => {
+                // Twins copy their representative's state (it comes first, so copy rather than take).
+                let state = out.prefix_state[twin.unwrap_or(i)].clone()?;
+                if to == task.aligned {
+                    let snapshot = Snapshot {
+                        state,
+                        aligned: task.aligned,
+                    };
+                    if twin.is_none() {
+                        self.remember(task.job(), &snapshot);
                     }
+                    self.pin_if_asked(task.job(), &snapshot);
+                    task.progress = Progress::Branches {
+                        snapshot,
+                        next: 0,
+                        answered: Readouts::with_capacity(task.row_lens.len()),
+                    };
+                } else {
+                    task.progress = Progress::Prefix { state, done: to };
                 }
-                Piece::Rows { to, .. } => {
-                    let task = &mut *grants[i].task;
-                    let finished =
-                        if let Progress::Branches { next, answered, .. } = &mut task.progress {
-                            for r in rows_out[i].drain(..) {
-                                answered.push(r);
-                            }
-                            *next = to;
-                            to == task.row_lens.len()
-                        } else {
-                            false
-                        };
-                    if finished
-                        && let Progress::Branches { answered, .. } =
-                            std::mem::replace(&mut task.progress, Progress::Finished)
-                    {
-                        steps[i] = Step::Done(self.respond_to(
-                            task.job(),
-                            answered.probabilities,
-                            answered.logits,
-                        ));
-                    }
-                }
-                Piece::Finished => {}
+                None
             }
+            Piece::Rows { to, .. } => {
+                let finished = if let Progress::Branches { next, answered, .. } = &mut task.progress
+                {
+                    for r in out.readouts[i].drain(..) {
+                        answered.push(r);
+                    }
+                    *next = to;
+                    to == task.row_lens.len()
+                } else {
+                    false
+                };
+                if finished
+                    && let Progress::Branches { answered, .. } =
+                        std::mem::replace(&mut task.progress, Progress::Finished)
+                {
+                    return Some(self.respond_to(
+                        task.job(),
+                        answered.probabilities,
+                        answered.logits,
+                    ));
+                }
+                None
+            }
+            Piece::Finished => None,
         }
-        steps
     }
 
     /// Begin a task: from the cache when its prefix is there, else from the empty state.

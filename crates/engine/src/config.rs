@@ -97,67 +97,12 @@ impl Qwen35Config {
         Self::from_json(&value)
     }
 
-    /// Resolve a parsed `config.json` (composite or plain).
+    /// Resolve a parsed `config.json` (composite or plain). Fields are checked in file order of importance;
+    /// the first problem is reported with its dotted name.
     pub fn from_json(root: &Value) -> Result<Self, EngineError> {
-        let root = root
-            .as_object()
-            .ok_or_else(|| EngineError::config("(root)", "must be a JSON object"))?;
-        let model_type = root.get("model_type").and_then(Value::as_str);
-        let (obj, pre) = match (root.get("text_config"), model_type) {
-            (Some(tc), Some("qwen3_5") | None) => (
-                tc.as_object()
-                    .ok_or_else(|| EngineError::config("text_config", "must be an object"))?,
-                "text_config.",
-            ),
-            (None, Some("qwen3_5_text") | None) => (root, ""),
-            (None, Some("qwen3_5")) => {
-                return Err(EngineError::config(
-                    "text_config",
-                    "missing (a composite qwen3_5 config keeps the decoder there)",
-                ));
-            }
-            (_, Some(other)) => {
-                return Err(EngineError::config(
-                    "model_type",
-                    format!(
-                        "`{other}` is not supported (expected `qwen3_5` with a text_config, or `qwen3_5_text`)"
-                    ),
-                ));
-            }
-        };
-        if let Some(mt) = obj.get("model_type").and_then(Value::as_str)
-            && !pre.is_empty()
-            && mt != "qwen3_5_text"
-        {
-            return Err(EngineError::config(
-                format!("{pre}model_type"),
-                format!("`{mt}` is not supported (expected `qwen3_5_text`)"),
-            ));
-        }
+        let (root, obj, pre) = text_config(root)?;
         let f = Fields { obj, pre };
-
-        let hidden_act = f.opt_str("hidden_act")?.unwrap_or("silu");
-        if hidden_act != "silu" {
-            return Err(f.err(
-                "hidden_act",
-                format!("`{hidden_act}` is not supported (only silu)"),
-            ));
-        }
-        if f.opt_bool("attention_bias")?.unwrap_or(false) {
-            return Err(f.err("attention_bias", "attention biases are not supported"));
-        }
-        if f.opt_bool("attn_output_gate")? == Some(false) {
-            return Err(f.err(
-                "attn_output_gate",
-                "false is not supported (Qwen3.5 attention is always gated)",
-            ));
-        }
-        for flag in ["use_sliding_window", "mlp_bias"] {
-            if f.opt_bool(flag)?.unwrap_or(false) {
-                return Err(f.err(flag, "not supported"));
-            }
-        }
-
+        refuse_unsupported(&f)?;
         let num_layers = f.req_usize("num_hidden_layers")?;
         let conv_kernel = f.req_usize("linear_conv_kernel_dim")?;
         if conv_kernel != 4 {
@@ -167,159 +112,9 @@ impl Qwen35Config {
             ));
         }
         let head_dim = f.req_usize("head_dim")?;
-
-        // RoPE: transformers 5 nests it under rope_parameters; older files keep rope_theta at the top.
-        let rope = match obj
-            .get("rope_parameters")
-            .or_else(|| obj.get("rope_scaling"))
-        {
-            Some(Value::Object(m)) => Some(m),
-            Some(Value::Null) | None => None,
-            Some(_) => return Err(f.err("rope_parameters", "must be an object")),
-        };
-        let rope_key = if obj.contains_key("rope_parameters") {
-            "rope_parameters"
-        } else {
-            "rope_scaling"
-        };
-        if let Some(rt) = rope
-            .and_then(|m| m.get("rope_type").or_else(|| m.get("type")))
-            .and_then(Value::as_str)
-            && rt != "default"
-        {
-            return Err(f.err(
-                &format!("{rope_key}.rope_type"),
-                format!("`{rt}` is not supported (only default)"),
-            ));
-        }
-        let rope_theta = match rope.and_then(|m| m.get("rope_theta")) {
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| f.err(&format!("{rope_key}.rope_theta"), "must be a number"))?,
-            None => f
-                .opt_f64("rope_theta")?
-                .ok_or_else(|| f.err("rope_parameters.rope_theta", "missing"))?,
-        };
-        if !(rope_theta.is_finite() && rope_theta > 1.0) {
-            return Err(f.err(
-                "rope_parameters.rope_theta",
-                format!("{rope_theta} is not a valid base"),
-            ));
-        }
-        let prf = match rope.and_then(|m| m.get("partial_rotary_factor")) {
-            Some(v) => v.as_f64().ok_or_else(|| {
-                f.err(
-                    &format!("{rope_key}.partial_rotary_factor"),
-                    "must be a number",
-                )
-            })?,
-            None => f.opt_f64("partial_rotary_factor")?.unwrap_or(0.25),
-        };
-        if prf != 0.25 {
-            return Err(f.err(
-                "rope_parameters.partial_rotary_factor",
-                format!("{prf} is not supported (only 0.25)"),
-            ));
-        }
-        let rotary_dim = head_dim / 4;
-        if !head_dim.is_multiple_of(4) || !rotary_dim.is_multiple_of(2) || rotary_dim == 0 {
-            return Err(f.err(
-                "head_dim",
-                format!(
-                    "{head_dim} does not give an even rotary width at partial_rotary_factor 0.25"
-                ),
-            ));
-        }
-
-        // M-RoPE: defaults as configuration_qwen3_5.py's; the sum must cover the rotary frequencies exactly,
-        // as HF's split (blocked) layout requires and every published checkpoint has.
-        let mrope_section: Vec<usize> = match rope.and_then(|m| m.get("mrope_section")) {
-            None | Some(Value::Null) => vec![11, 11, 10],
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-                .collect::<Option<Vec<usize>>>()
-                .ok_or_else(|| {
-                    f.err(
-                        &format!("{rope_key}.mrope_section"),
-                        "must be a list of non-negative integers",
-                    )
-                })?,
-            Some(_) => return Err(f.err(&format!("{rope_key}.mrope_section"), "must be a list")),
-        };
-        if mrope_section.len() != 3 || mrope_section.iter().sum::<usize>() != rotary_dim / 2 {
-            return Err(f.err(
-                &format!("{rope_key}.mrope_section"),
-                format!(
-                    "{mrope_section:?} must be three sections summing to rotary_dim / 2 = {}",
-                    rotary_dim / 2
-                ),
-            ));
-        }
-        let mrope_interleaved = match rope.and_then(|m| m.get("mrope_interleaved")) {
-            None | Some(Value::Null) => true,
-            Some(v) => v.as_bool().ok_or_else(|| {
-                f.err(
-                    &format!("{rope_key}.mrope_interleaved"),
-                    "must be a boolean",
-                )
-            })?,
-        };
-        // The composite config states the tie at the top level, text_config repeats it; they must agree.
-        let tie_text = f.opt_bool("tie_word_embeddings")?;
-        let tie_root = match root.get("tie_word_embeddings") {
-            Some(v) if !pre.is_empty() && !v.is_null() => Some(v.as_bool().ok_or_else(|| {
-                EngineError::config("tie_word_embeddings", format!("{v} is not a boolean"))
-            })?),
-            _ => None,
-        };
-        if let (Some(a), Some(b)) = (tie_text, tie_root)
-            && a != b
-        {
-            return Err(f.err(
-                "tie_word_embeddings",
-                format!("{a} disagrees with the top-level tie_word_embeddings {b}"),
-            ));
-        }
-        // HF's default (Qwen3_5TextConfig) is untied.
-        let tie_word_embeddings = tie_text.or(tie_root).unwrap_or(false);
-
-        let layer_types = match obj.get("layer_types") {
-            Some(Value::Array(items)) => {
-                let mut v = Vec::with_capacity(items.len());
-                for (i, it) in items.iter().enumerate() {
-                    v.push(match it.as_str() {
-                        Some("linear_attention") => LayerKind::Linear,
-                        Some("full_attention") => LayerKind::Full,
-                        other => {
-                            return Err(f.err(
-                                &format!("layer_types[{i}]"),
-                                format!("{other:?} is not a supported layer type (linear_attention, full_attention)"),
-                            ));
-                        }
-                    });
-                }
-                if v.len() != num_layers {
-                    return Err(f.err(
-                        "layer_types",
-                        format!(
-                            "has {} entries but num_hidden_layers is {num_layers}",
-                            v.len()
-                        ),
-                    ));
-                }
-                v
-            }
-            None | Some(Value::Null) => {
-                let interval = f.opt_usize("full_attention_interval")?.unwrap_or(4);
-                if interval == 0 {
-                    return Err(f.err("full_attention_interval", "must be positive"));
-                }
-                LayerKind::interleaved(num_layers, interval)
-            }
-            Some(_) => return Err(f.err("layer_types", "must be a list")),
-        };
-
+        let rope = Rope::read(&f, head_dim)?;
+        let tie_word_embeddings = tie_word_embeddings(&f, root)?;
+        let layer_types = layer_types(&f, num_layers)?;
         let cfg = Qwen35Config {
             vocab_size: f.req_usize("vocab_size")?,
             hidden_size: f.req_usize("hidden_size")?,
@@ -333,41 +128,14 @@ impl Qwen35Config {
             linear_value_head_dim: f.req_usize("linear_value_head_dim")?,
             conv_kernel,
             rms_norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-            rope_theta,
-            rotary_dim,
+            rope_theta: rope.theta,
+            rotary_dim: rope.rotary_dim,
             layer_types,
             tie_word_embeddings,
-            mrope_section,
-            mrope_interleaved,
+            mrope_section: rope.mrope_section,
+            mrope_interleaved: rope.mrope_interleaved,
         };
-        for (name, v) in [
-            ("vocab_size", cfg.vocab_size),
-            ("hidden_size", cfg.hidden_size),
-            ("intermediate_size", cfg.intermediate_size),
-            ("num_hidden_layers", num_layers),
-            ("num_attention_heads", cfg.num_attention_heads),
-            ("num_key_value_heads", cfg.num_key_value_heads),
-            ("linear_num_key_heads", cfg.linear_num_key_heads),
-            ("linear_num_value_heads", cfg.linear_num_value_heads),
-            ("linear_key_head_dim", cfg.linear_key_head_dim),
-            ("linear_value_head_dim", cfg.linear_value_head_dim),
-        ] {
-            if v == 0 {
-                return Err(f.err(name, "must be positive"));
-            }
-        }
-        if !cfg
-            .num_attention_heads
-            .is_multiple_of(cfg.num_key_value_heads)
-        {
-            return Err(f.err("num_key_value_heads", "must divide num_attention_heads"));
-        }
-        if !cfg
-            .linear_num_value_heads
-            .is_multiple_of(cfg.linear_num_key_heads)
-        {
-            return Err(f.err("linear_num_key_heads", "must divide linear_num_value_heads"));
-        }
+        check_widths(&f, &cfg, num_layers)?;
         Ok(cfg)
     }
 
@@ -570,6 +338,291 @@ impl Qwen35Config {
     }
 }
 
+/// A JSON object.
+type Object = Map<String, Value>;
+
+/// The decoder's object of a `config.json`: `text_config` of a composite `qwen3_5` config, or the root of
+/// a plain `qwen3_5_text` one; with the root and the prefix its fields are named under.
+fn text_config(root: &Value) -> Result<(&Object, &Object, &'static str), EngineError> {
+    let root = root
+        .as_object()
+        .ok_or_else(|| EngineError::config("(root)", "must be a JSON object"))?;
+    let model_type = root.get("model_type").and_then(Value::as_str);
+    let (obj, pre) = match (root.get("text_config"), model_type) {
+        (Some(tc), Some("qwen3_5") | None) => (
+            tc.as_object()
+                .ok_or_else(|| EngineError::config("text_config", "must be an object"))?,
+            "text_config.",
+        ),
+        (None, Some("qwen3_5_text") | None) => (root, ""),
+        (None, Some("qwen3_5")) => {
+            return Err(EngineError::config(
+                "text_config",
+                "missing (a composite qwen3_5 config keeps the decoder there)",
+            ));
+        }
+        (_, Some(other)) => {
+            return Err(EngineError::config(
+                "model_type",
+                format!(
+                    "`{other}` is not supported (expected `qwen3_5` with a text_config, or `qwen3_5_text`)"
+                ),
+            ));
+        }
+    };
+    if let Some(mt) = obj.get("model_type").and_then(Value::as_str)
+        && !pre.is_empty()
+        && mt != "qwen3_5_text"
+    {
+        return Err(EngineError::config(
+            format!("{pre}model_type"),
+            format!("`{mt}` is not supported (expected `qwen3_5_text`)"),
+        ));
+    }
+    Ok((root, obj, pre))
+}
+
+/// What the engine does not implement, refused by name.
+fn refuse_unsupported(f: &Fields<'_>) -> Result<(), EngineError> {
+    let hidden_act = f.opt_str("hidden_act")?.unwrap_or("silu");
+    if hidden_act != "silu" {
+        return Err(f.err(
+            "hidden_act",
+            format!("`{hidden_act}` is not supported (only silu)"),
+        ));
+    }
+    if f.opt_bool("attention_bias")?.unwrap_or(false) {
+        return Err(f.err("attention_bias", "attention biases are not supported"));
+    }
+    if f.opt_bool("attn_output_gate")? == Some(false) {
+        return Err(f.err(
+            "attn_output_gate",
+            "false is not supported (Qwen3.5 attention is always gated)",
+        ));
+    }
+    for flag in ["use_sliding_window", "mlp_bias"] {
+        if f.opt_bool(flag)?.unwrap_or(false) {
+            return Err(f.err(flag, "not supported"));
+        }
+    }
+    Ok(())
+}
+
+/// The rotary embedding's settings.
+struct Rope {
+    theta: f64,
+    rotary_dim: usize,
+    mrope_section: Vec<usize>,
+    mrope_interleaved: bool,
+}
+
+impl Rope {
+    /// Read from `rope_parameters` (transformers 5), `rope_scaling` or the top level.
+    fn read(f: &Fields<'_>, head_dim: usize) -> Result<Rope, EngineError> {
+        let obj = f.obj;
+        // RoPE: transformers 5 nests it under rope_parameters; older files keep rope_theta at the top.
+        let rope = match obj
+            .get("rope_parameters")
+            .or_else(|| obj.get("rope_scaling"))
+        {
+            Some(Value::Object(m)) => Some(m),
+            Some(Value::Null) | None => None,
+            Some(_) => return Err(f.err("rope_parameters", "must be an object")),
+        };
+        let rope_key = if obj.contains_key("rope_parameters") {
+            "rope_parameters"
+        } else {
+            "rope_scaling"
+        };
+        if let Some(rt) = rope
+            .and_then(|m| m.get("rope_type").or_else(|| m.get("type")))
+            .and_then(Value::as_str)
+            && rt != "default"
+        {
+            return Err(f.err(
+                &format!("{rope_key}.rope_type"),
+                format!("`{rt}` is not supported (only default)"),
+            ));
+        }
+        let rope_theta = match rope.and_then(|m| m.get("rope_theta")) {
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| f.err(&format!("{rope_key}.rope_theta"), "must be a number"))?,
+            None => f
+                .opt_f64("rope_theta")?
+                .ok_or_else(|| f.err("rope_parameters.rope_theta", "missing"))?,
+        };
+        if !(rope_theta.is_finite() && rope_theta > 1.0) {
+            return Err(f.err(
+                "rope_parameters.rope_theta",
+                format!("{rope_theta} is not a valid base"),
+            ));
+        }
+        let prf = match rope.and_then(|m| m.get("partial_rotary_factor")) {
+            Some(v) => v.as_f64().ok_or_else(|| {
+                f.err(
+                    &format!("{rope_key}.partial_rotary_factor"),
+                    "must be a number",
+                )
+            })?,
+            None => f.opt_f64("partial_rotary_factor")?.unwrap_or(0.25),
+        };
+        if prf != 0.25 {
+            return Err(f.err(
+                "rope_parameters.partial_rotary_factor",
+                format!("{prf} is not supported (only 0.25)"),
+            ));
+        }
+        let rotary_dim = head_dim / 4;
+        if !head_dim.is_multiple_of(4) || !rotary_dim.is_multiple_of(2) || rotary_dim == 0 {
+            return Err(f.err(
+                "head_dim",
+                format!(
+                    "{head_dim} does not give an even rotary width at partial_rotary_factor 0.25"
+                ),
+            ));
+        }
+
+        // M-RoPE: defaults as configuration_qwen3_5.py's; the sum must cover the rotary frequencies exactly,
+        // as HF's split (blocked) layout requires and every published checkpoint has.
+        let mrope_section: Vec<usize> = match rope.and_then(|m| m.get("mrope_section")) {
+            None | Some(Value::Null) => vec![11, 11, 10],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| {
+                    f.err(
+                        &format!("{rope_key}.mrope_section"),
+                        "must be a list of non-negative integers",
+                    )
+                })?,
+            Some(_) => return Err(f.err(&format!("{rope_key}.mrope_section"), "must be a list")),
+        };
+        if mrope_section.len() != 3 || mrope_section.iter().sum::<usize>() != rotary_dim / 2 {
+            return Err(f.err(
+                &format!("{rope_key}.mrope_section"),
+                format!(
+                    "{mrope_section:?} must be three sections summing to rotary_dim / 2 = {}",
+                    rotary_dim / 2
+                ),
+            ));
+        }
+        let mrope_interleaved = match rope.and_then(|m| m.get("mrope_interleaved")) {
+            None | Some(Value::Null) => true,
+            Some(v) => v.as_bool().ok_or_else(|| {
+                f.err(
+                    &format!("{rope_key}.mrope_interleaved"),
+                    "must be a boolean",
+                )
+            })?,
+        };
+        Ok(Rope {
+            theta: rope_theta,
+            rotary_dim,
+            mrope_section,
+            mrope_interleaved,
+        })
+    }
+}
+
+/// Whether the embeddings are tied: the composite config states it at the top level, text_config repeats
+/// it; they must agree.
+fn tie_word_embeddings(f: &Fields<'_>, root: &Map<String, Value>) -> Result<bool, EngineError> {
+    let pre = f.pre;
+    // The composite config states the tie at the top level, text_config repeats it; they must agree.
+    let tie_text = f.opt_bool("tie_word_embeddings")?;
+    let tie_root = match root.get("tie_word_embeddings") {
+        Some(v) if !pre.is_empty() && !v.is_null() => Some(v.as_bool().ok_or_else(|| {
+            EngineError::config("tie_word_embeddings", format!("{v} is not a boolean"))
+        })?),
+        _ => None,
+    };
+    if let (Some(a), Some(b)) = (tie_text, tie_root)
+        && a != b
+    {
+        return Err(f.err(
+            "tie_word_embeddings",
+            format!("{a} disagrees with the top-level tie_word_embeddings {b}"),
+        ));
+    }
+    // HF's default (Qwen3_5TextConfig) is untied.
+    Ok(tie_text.or(tie_root).unwrap_or(false))
+}
+
+/// Each layer's kind: `layer_types`, or every `full_attention_interval`-th layer full attention.
+fn layer_types(f: &Fields<'_>, num_layers: usize) -> Result<Vec<LayerKind>, EngineError> {
+    let obj = f.obj;
+    Ok(match obj.get("layer_types") {
+        Some(Value::Array(items)) => {
+            let mut v = Vec::with_capacity(items.len());
+            for (i, it) in items.iter().enumerate() {
+                v.push(match it.as_str() {
+                    Some("linear_attention") => LayerKind::Linear,
+                    Some("full_attention") => LayerKind::Full,
+                    other => {
+                        return Err(f.err(
+                            &format!("layer_types[{i}]"),
+                            format!("{other:?} is not a supported layer type (linear_attention, full_attention)"),
+                        ));
+                    }
+                });
+            }
+            if v.len() != num_layers {
+                return Err(f.err(
+                    "layer_types",
+                    format!(
+                        "has {} entries but num_hidden_layers is {num_layers}",
+                        v.len()
+                    ),
+                ));
+            }
+            v
+        }
+        None | Some(Value::Null) => {
+            let interval = f.opt_usize("full_attention_interval")?.unwrap_or(4);
+            if interval == 0 {
+                return Err(f.err("full_attention_interval", "must be positive"));
+            }
+            LayerKind::interleaved(num_layers, interval)
+        }
+        Some(_) => return Err(f.err("layer_types", "must be a list")),
+    })
+}
+
+/// Every width positive, and the heads grouping evenly.
+fn check_widths(f: &Fields<'_>, cfg: &Qwen35Config, num_layers: usize) -> Result<(), EngineError> {
+    for (name, v) in [
+        ("vocab_size", cfg.vocab_size),
+        ("hidden_size", cfg.hidden_size),
+        ("intermediate_size", cfg.intermediate_size),
+        ("num_hidden_layers", num_layers),
+        ("num_attention_heads", cfg.num_attention_heads),
+        ("num_key_value_heads", cfg.num_key_value_heads),
+        ("linear_num_key_heads", cfg.linear_num_key_heads),
+        ("linear_num_value_heads", cfg.linear_num_value_heads),
+        ("linear_key_head_dim", cfg.linear_key_head_dim),
+        ("linear_value_head_dim", cfg.linear_value_head_dim),
+    ] {
+        if v == 0 {
+            return Err(f.err(name, "must be positive"));
+        }
+    }
+    if !cfg
+        .num_attention_heads
+        .is_multiple_of(cfg.num_key_value_heads)
+    {
+        return Err(f.err("num_key_value_heads", "must divide num_attention_heads"));
+    }
+    if !cfg
+        .linear_num_value_heads
+        .is_multiple_of(cfg.linear_num_key_heads)
+    {
+        return Err(f.err("linear_num_key_heads", "must divide linear_num_value_heads"));
+    }
+    Ok(())
+}
+
 /// Typed access to one JSON object, with errors that carry the dotted field name.
 struct Fields<'a> {
     obj: &'a Map<String, Value>,
@@ -633,155 +686,4 @@ impl Fields<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn composite_round_trip_and_costs() {
-        let c = Qwen35Config::qwen35_4b();
-        let back = Qwen35Config::from_json(&c.to_composite_json()).unwrap();
-        assert_eq!(back, c);
-        assert_eq!(c.conv_dim(), 8192);
-        // qwen35-arch §11: 7.23 GFLOP/token for linear layers, 131,072 per context position.
-        let base = c.flops_per_token(0);
-        assert!((base / 1e9 - 7.23).abs() < 0.01, "{base}");
-        assert_eq!(c.flops_per_token(1) - base, 131_072.0);
-        // The 4B's projection weights, shape by shape: 24 DeltaNet layers (in 2560 × 12,352, out
-        // 4096 × 2560) and 8 attention layers (in 2560 × 10,240, out 4096 × 2560), each with a
-        // 3 × 2560 × 9216 MLP: 3,569,090,560 weights; the last layer (attention) finishes `wanted` rows.
-        let (gdn, attn, out, mlp) = (
-            2560.0 * 12_352.0,
-            2560.0 * 10_240.0,
-            4096.0 * 2560.0,
-            3.0 * 2560.0 * 9216.0,
-        );
-        let weights = 24.0 * (gdn + out + mlp) + 8.0 * (attn + out + mlp);
-        assert_eq!(weights, 3_569_090_560.0);
-        assert_eq!(c.projection_flops(94, 94), 2.0 * 94.0 * weights);
-        assert_eq!(
-            c.projection_flops(94, 1),
-            2.0 * 94.0 * weights - 2.0 * 93.0 * (out + mlp)
-        );
-        // The rest of a token's FLOPs are the mixers' own: the GDN conv and recurrence.
-        let mixers = 24.0 * 2.0 * (4.0 * 8192.0 + 3.5 * 32.0 * 128.0 * 128.0);
-        assert_eq!(base, 2.0 * weights + mixers);
-    }
-
-    /// The 0.8B shape as its published config.json states it (docs/kev-0.8b-pins.md, §config).
-    #[test]
-    fn the_0_8b_shape() {
-        let c = Qwen35Config::qwen35_0_8b();
-        assert_eq!(Qwen35Config::from_json(&c.to_composite_json()).unwrap(), c);
-        assert_eq!(c.num_layers(), 24);
-        let full: Vec<usize> = (0..24)
-            .filter(|&i| c.layer_types[i] == LayerKind::Full)
-            .collect();
-        assert_eq!(full, [3, 7, 11, 15, 19, 23]);
-        // the LoRA shapes of the real adapter: in_proj_qkv B is [6144, 16], q_proj out 8·256·2
-        assert_eq!(c.conv_dim(), 6144);
-        assert_eq!(c.value_dim(), 2048);
-        assert_eq!(2 * c.num_attention_heads * c.head_dim, 4096);
-        assert_eq!(c.num_key_value_heads * c.head_dim, 512);
-        assert_eq!(c.published_base(), Some("Qwen/Qwen3.5-0.8B-Base"));
-        assert_eq!(
-            Qwen35Config::qwen35_4b().published_base(),
-            Some("Qwen/Qwen3.5-4B-Base")
-        );
-        // ≈ 0.75 B text parameters with the tied embedding: 2·(non-embedding) FLOPs per token
-        let per_token = c.flops_per_token(0);
-        assert!((per_token / 1e9 - 1.00).abs() < 0.05, "{per_token}");
-    }
-
-    #[test]
-    fn tie_and_mrope_are_read_checked_and_written_back() {
-        let mut c = Qwen35Config::qwen35_0_8b();
-        c.tie_word_embeddings = false;
-        c.mrope_section = vec![12, 10, 10];
-        c.mrope_interleaved = false;
-        let v = c.to_composite_json();
-        assert_eq!(v["tie_word_embeddings"], json!(false));
-        assert_eq!(Qwen35Config::from_json(&v).unwrap(), c);
-        // absent: HF's defaults (untied; [11, 11, 10] interleaved)
-        let mut v = Qwen35Config::qwen35_4b().to_composite_json();
-        v.as_object_mut().unwrap().remove("tie_word_embeddings");
-        let tc = v["text_config"].as_object_mut().unwrap();
-        tc.remove("tie_word_embeddings");
-        let rp = tc["rope_parameters"].as_object_mut().unwrap();
-        rp.remove("mrope_section");
-        rp.remove("mrope_interleaved");
-        let d = Qwen35Config::from_json(&v).unwrap();
-        assert!(!d.tie_word_embeddings);
-        assert_eq!(
-            (d.mrope_section, d.mrope_interleaved),
-            (vec![11, 11, 10], true)
-        );
-        // refusals name the field
-        let mut v = Qwen35Config::qwen35_0_8b().to_composite_json();
-        v["text_config"]["rope_parameters"]["mrope_section"] = json!([11, 11, 11]);
-        let err = Qwen35Config::from_json(&v).unwrap_err().to_string();
-        assert!(err.contains("mrope_section") && err.contains("32"), "{err}");
-        let mut v = Qwen35Config::qwen35_0_8b().to_composite_json();
-        v["tie_word_embeddings"] = json!(false);
-        let err = Qwen35Config::from_json(&v).unwrap_err().to_string();
-        assert!(err.contains("tie_word_embeddings"), "{err}");
-    }
-
-    fn plain() -> Value {
-        let mut v = Qwen35Config::qwen35_4b().to_composite_json();
-        v["text_config"].take()
-    }
-
-    #[test]
-    fn plain_form_and_defaults() {
-        let mut v = plain();
-        v.as_object_mut().unwrap().remove("layer_types");
-        v.as_object_mut().unwrap().remove("rms_norm_eps");
-        let c = Qwen35Config::from_json(&v).unwrap();
-        assert_eq!(c, Qwen35Config::qwen35_4b());
-    }
-
-    #[test]
-    fn unsupported_fields_are_named() {
-        let cases: Vec<(&str, Value, &str)> = vec![
-            ("hidden_act", json!("gelu"), "text_config.hidden_act"),
-            ("attention_bias", json!(true), "text_config.attention_bias"),
-            (
-                "linear_conv_kernel_dim",
-                json!(3),
-                "text_config.linear_conv_kernel_dim",
-            ),
-            ("head_dim", Value::Null, "text_config.head_dim"),
-            (
-                "linear_key_head_dim",
-                Value::Null,
-                "text_config.linear_key_head_dim",
-            ),
-            (
-                "layer_types",
-                json!(["linear_attention", "mamba"]),
-                "text_config.layer_types[1]",
-            ),
-        ];
-        for (field, value, expect) in cases {
-            let mut v = Qwen35Config::qwen35_4b().to_composite_json();
-            v["text_config"][field] = value;
-            let err = Qwen35Config::from_json(&v).unwrap_err();
-            match &err {
-                EngineError::Config { field, .. } => assert_eq!(field, expect, "{err}"),
-                other => panic!("{other}"),
-            }
-        }
-        let mut v = Qwen35Config::qwen35_4b().to_composite_json();
-        v["text_config"]["rope_parameters"]["partial_rotary_factor"] = json!(0.5);
-        let err = Qwen35Config::from_json(&v).unwrap_err().to_string();
-        assert!(err.contains("partial_rotary_factor"), "{err}");
-        let mut v = Qwen35Config::qwen35_4b().to_composite_json();
-        v["model_type"] = json!("qwen3_next");
-        assert!(
-            Qwen35Config::from_json(&v)
-                .unwrap_err()
-                .to_string()
-                .contains("model_type")
-        );
-    }
-}
+mod tests;

@@ -32,40 +32,60 @@ fn time(reps: usize, mut f: impl FnMut()) -> (f64, f64) {
     (median(t), process_cpu_seconds() - c0)
 }
 
-fn main() {
-    let ms: Vec<usize> = std::env::var("KEV_BENCH_M")
-        .unwrap_or_else(|_| "94,380,1518".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
-    let reps: usize = std::env::var("KEV_BENCH_REPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let arms: Vec<String> = std::env::var("KEV_BENCH_ARMS")
-        .unwrap_or_else(|_| "fp32,bf16,int8,crate".into())
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .collect();
-    let on = |name: &str| arms.iter().any(|a| a == name);
-    let kern = Kernels::detect();
-    let threads = rayon::current_num_threads();
-    println!(
-        "kernels {:?}, {threads} threads, median of {reps}; GF/s = GFLOP/s (int8: GOP/s, 2 per multiply-add)",
-        kern.isa()
-    );
-    // The ceilings the rates are read against, measured now (the machine may be shared).
-    let pk = peak::measure(kern, 1.0);
-    let narrow = std::env::var("KEV_BENCH_INT8").map_or(true, |v| v != "wide");
-    // The ceiling of the chain the int8 column's weights run (AVX2: by their width).
-    let int8_ceiling = pk.as_ref().and_then(|p| match ceiling_chain(kern, narrow) {
-        Some(chain) => p
-            .int8_by_chain
-            .iter()
-            .find(|(c, _)| c == chain)
-            .map(|(_, g)| *g),
-        None => p.int8_gops,
-    });
+/// The bench's settings, from its environment.
+struct Setup {
+    ms: Vec<usize>,
+    reps: usize,
+    arms: Vec<String>,
+    narrow: bool,
+    kern: Kernels,
+    threads: usize,
+}
+
+impl Setup {
+    fn from_env() -> Self {
+        let list = |var: &str, default: &str| -> Vec<String> {
+            std::env::var(var)
+                .unwrap_or_else(|_| default.into())
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .collect()
+        };
+        Setup {
+            ms: list("KEV_BENCH_M", "94,380,1518")
+                .iter()
+                .filter_map(|s| s.parse().ok())
+                .collect(),
+            reps: std::env::var("KEV_BENCH_REPS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(5),
+            arms: list("KEV_BENCH_ARMS", "fp32,bf16,int8,crate"),
+            narrow: std::env::var("KEV_BENCH_INT8").map_or(true, |v| v != "wide"),
+            kern: Kernels::detect(),
+            threads: rayon::current_num_threads(),
+        }
+    }
+
+    fn on(&self, name: &str) -> bool {
+        self.arms.iter().any(|a| a == name)
+    }
+}
+
+/// The machine's peaks, measured now (it may be shared), and the ceiling of the chain the int8 column's
+/// weights run (AVX2: by their width).
+fn ceilings(set: &Setup) -> (Option<peak::Peak>, Option<f64>) {
+    let pk = peak::measure(set.kern, 1.0);
+    let int8_ceiling = pk
+        .as_ref()
+        .and_then(|p| match ceiling_chain(set.kern, set.narrow) {
+            Some(chain) => p
+                .int8_by_chain
+                .iter()
+                .find(|(c, _)| c == chain)
+                .map(|(_, g)| *g),
+            None => p.int8_gops,
+        });
     if let Some(p) = &pk {
         let chains: Vec<String> = p
             .int8_by_chain
@@ -79,6 +99,18 @@ fn main() {
             chains.join(", ")
         );
     }
+    (pk, int8_ceiling)
+}
+
+fn main() {
+    let set = Setup::from_env();
+    println!(
+        "kernels {:?}, {} threads, median of {}; GF/s = GFLOP/s (int8: GOP/s, 2 per multiply-add)",
+        set.kern.isa(),
+        set.threads,
+        set.reps
+    );
+    let (_pk, int8_ceiling) = ceilings(&set);
     println!(
         "{:>5} {:>6} {:>5} | {:>14} {:>14} {:>14} {:>14}",
         "m", "n", "k", "kev fp32", "kev bf16", "kev int8", "gemm-crate f32"
@@ -103,110 +135,124 @@ fn main() {
             .collect();
         let packed = PackedMatrix::from_f32(n, k, &w);
         let quant = WeightQuant {
-            narrow,
+            narrow: set.narrow,
             ..WeightQuant::default()
         };
-        let q8 = on("int8").then(|| PackedInt8::from_f32_with(n, k, &w, quant));
-        for &m in &ms {
+        let q8 = set
+            .on("int8")
+            .then(|| PackedInt8::from_f32_with(n, k, &w, quant));
+        for &m in &set.ms {
             // Rows padded by one cache line, as the engine lays out its activations.
             let lda = k + 16;
             let a: Vec<f32> = (0..m * lda).map(|_| rnd()).collect();
-            let mut c = vec![0f32; m * n];
-            let flops = 2.0 * (m * n * k) as f64;
-            let mut cols = Vec::new();
-            for arm in [Arm::Fp32, Arm::Bf16] {
-                if !on(arm.name()) {
-                    cols.push(None);
-                    continue;
-                }
-                let run = Run::new(kern, arm);
-                cols.push(Some(time(reps, || {
-                    let a = Rows {
-                        m,
-                        data: &a,
-                        ld: lda,
-                    };
-                    gemm(
-                        run,
-                        a,
-                        &packed,
-                        RowsMut {
-                            data: &mut c,
-                            ld: n,
-                        },
-                    );
-                })));
-            }
-            cols.push(q8.as_ref().map(|q| {
-                time(reps, || {
-                    let rows = Rows {
-                        m,
-                        data: &a,
-                        ld: lda,
-                    };
-                    let out = RowsMut {
-                        data: &mut c,
-                        ld: n,
-                    };
-                    gemm_int8(Run::new(kern, Arm::Int8), rows, q, out)
-                })
-            }));
-            // The gemm crate wants W as a [k, n] right-hand side: column stride k over the row-major W.
-            cols.push(on("crate").then(|| {
-                time(reps, || unsafe {
-                    ::gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        c.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        false,
-                        a.as_ptr(),
-                        1,
-                        lda as isize,
-                        w.as_ptr(),
-                        k as isize,
-                        1,
-                        0.0f32,
-                        1.0f32,
-                        false,
-                        false,
-                        false,
-                        ::gemm::Parallelism::Rayon(threads),
-                    )
-                })
-            }));
-            let rate = |c: &Option<(f64, f64)>| {
-                c.map_or(format!("{:>14}", "-"), |(t, _)| {
-                    format!("{:>8.1} GF/s", flops / t / 1e9)
-                })
-            };
-            let per_cpu = |c: &Option<(f64, f64)>| {
-                c.map_or("-".to_string(), |(_, cpu)| {
-                    format!("{:.0}", flops * reps as f64 / cpu.max(1e-9) / 1e9)
-                })
-            };
-            // int8 as a share of its ceiling: wall rate over the all-thread ceiling, and the rate per
-            // CPU-second over one thread's share of it (less distorted by other load).
-            let share = match (cols[2], int8_ceiling) {
-                (Some((t, cpu)), Some(g)) => format!(
-                    " ({:.0} % of the int8 ceiling; per CPU-s {:.0} %)",
-                    100.0 * flops / t / 1e9 / g,
-                    100.0 * flops * reps as f64 / cpu.max(1e-9) / 1e9 / (g / threads as f64)
-                ),
-                _ => String::new(),
-            };
-            println!(
-                "{m:>5} {n:>6} {k:>5} | {} {} {} {} | per CPU-s: fp32 {}, bf16 {}, int8 {}{share}",
-                rate(&cols[0]),
-                rate(&cols[1]),
-                rate(&cols[2]),
-                rate(&cols[3]),
-                per_cpu(&cols[0]),
-                per_cpu(&cols[1]),
-                per_cpu(&cols[2]),
-            );
+            let cols = columns(&set, (&a, m, lda), (&w, &packed, q8.as_ref()), n);
+            print_row(&set, (m, n, k), &cols, int8_ceiling);
         }
     }
+}
+
+/// Each column's (median wall seconds, CPU seconds) for one shape: kev's fp32, bf16 and int8 products and
+/// the `gemm` crate's f32 product, `None` for a column not asked for.
+fn columns(
+    set: &Setup,
+    (a, m, lda): (&[f32], usize, usize),
+    (w, packed, q8): (&[f32], &PackedMatrix, Option<&PackedInt8>),
+    n: usize,
+) -> Vec<Option<(f64, f64)>> {
+    let (kern, reps, k) = (set.kern, set.reps, packed.k());
+    let mut c = vec![0f32; m * n];
+    let rows = || Rows {
+        m,
+        data: a,
+        ld: lda,
+    };
+    let mut cols = Vec::new();
+    for arm in [Arm::Fp32, Arm::Bf16] {
+        cols.push(set.on(arm.name()).then(|| {
+            time(reps, || {
+                let out = RowsMut {
+                    data: &mut c,
+                    ld: n,
+                };
+                gemm(Run::new(kern, arm), rows(), packed, out);
+            })
+        }));
+    }
+    cols.push(q8.map(|q| {
+        time(reps, || {
+            let out = RowsMut {
+                data: &mut c,
+                ld: n,
+            };
+            gemm_int8(Run::new(kern, Arm::Int8), rows(), q, out)
+        })
+    }));
+    // The gemm crate wants W as a [k, n] right-hand side: column stride k over the row-major W.
+    cols.push(set.on("crate").then(|| {
+        time(reps, || unsafe {
+            ::gemm::gemm(
+                m,
+                n,
+                k,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                lda as isize,
+                w.as_ptr(),
+                k as isize,
+                1,
+                0.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                ::gemm::Parallelism::Rayon(set.threads),
+            )
+        })
+    }));
+    cols
+}
+
+/// One shape's line: each column's rate, and per CPU-second; int8 as a share of its ceiling.
+fn print_row(
+    set: &Setup,
+    (m, n, k): (usize, usize, usize),
+    cols: &[Option<(f64, f64)>],
+    int8_ceiling: Option<f64>,
+) {
+    let (reps, threads) = (set.reps, set.threads);
+    let flops = 2.0 * (m * n * k) as f64;
+    let rate = |c: &Option<(f64, f64)>| {
+        c.map_or(format!("{:>14}", "-"), |(t, _)| {
+            format!("{:>8.1} GF/s", flops / t / 1e9)
+        })
+    };
+    let per_cpu = |c: &Option<(f64, f64)>| {
+        c.map_or("-".to_string(), |(_, cpu)| {
+            format!("{:.0}", flops * reps as f64 / cpu.max(1e-9) / 1e9)
+        })
+    };
+    // int8 as a share of its ceiling: wall rate over the all-thread ceiling, and the rate per CPU-second
+    // over one thread's share of it (less distorted by other load).
+    let share = match (cols[2], int8_ceiling) {
+        (Some((t, cpu)), Some(g)) => format!(
+            " ({:.0} % of the int8 ceiling; per CPU-s {:.0} %)",
+            100.0 * flops / t / 1e9 / g,
+            100.0 * flops * reps as f64 / cpu.max(1e-9) / 1e9 / (g / threads as f64)
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "{m:>5} {n:>6} {k:>5} | {} {} {} {} | per CPU-s: fp32 {}, bf16 {}, int8 {}{share}",
+        rate(&cols[0]),
+        rate(&cols[1]),
+        rate(&cols[2]),
+        rate(&cols[3]),
+        per_cpu(&cols[0]),
+        per_cpu(&cols[1]),
+        per_cpu(&cols[2]),
+    );
 }

@@ -511,9 +511,10 @@ pub fn smoothing_factors(act_amax: &[f32], weight_amax: &[f32], alpha: f32) -> V
         .collect()
 }
 
+mod dequant;
 mod drive;
 #[cfg(target_arch = "x86_64")]
-pub(crate) use drive::Dequantised;
+pub(crate) use dequant::Dequantised;
 #[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), feature = "peak"))]
 pub(crate) use drive::Path;
 #[cfg(feature = "peak")]

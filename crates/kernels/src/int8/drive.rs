@@ -15,8 +15,8 @@ use super::super::buf::AlignedBuf;
 use super::super::cache::prefetch_share;
 use super::super::gemm::as_bytes;
 use super::super::layout::{MR8, NR};
-use super::super::simd::{Kernel, Simd};
 use super::super::{Isa, Kernels, Rows, RowsMut, Run, SendPtr};
+use super::dequant::{Dequant, Dequantised};
 use super::{G, PackedInt8, quantize_row};
 
 /// Rows per pass over a panel (their i32 accumulators, `MC · 64 · 4` bytes = 66 KiB, stay in L2).
@@ -468,17 +468,7 @@ fn run_panels(
                         block.as_ptr() as *const u8
                     };
                     let ablock = kgc * MR8 * G * eb;
-                    // The weights this panel reads next (its next block, else the next panel's first),
-                    // asked into L2 a share per row group, as the float GEMM does: with few rows (a
-                    // 94-token row has 16 groups) the first group's misses were a large part of a block.
-                    let next_w: &[i8] = if kb + kgc < kg {
-                        &wp[(kb + kgc) * NR * G..((kb + kgc + kgb).min(kg)) * NR * G]
-                    } else if (p + 1) * kg * NR * G < w.data.len() {
-                        let np = &w.data[(p + 1) * kg * NR * G..];
-                        &np[..kgb.min(kg) * NR * G]
-                    } else {
-                        &[]
-                    };
+                    let next_w = next_weights(w, p, (kb + kgc, kgb));
                     let groups = (mc1 - mc0).div_ceil(MR8);
                     let mut i0 = mc0;
                     while i0 < mc1 {
@@ -490,14 +480,10 @@ fn run_panels(
                         // L2 each group would start on misses to L3.
                         let next = if i0 + MR8 < mc1 {
                             Some(((i0 / MR8 + 1) * lq + kb * MR8 * G * eb, ablock))
-                        } else if kb + kgc < kg {
-                            let kn = (kg - kb - kgc).min(kgb);
-                            Some((
-                                (mc0 / MR8) * lq + (kb + kgc) * MR8 * G * eb,
-                                kn * MR8 * G * eb,
-                            ))
                         } else {
-                            None
+                            let kn = (kg - kb - kgc).min(kgb);
+                            let at = (mc0 / MR8) * lq + (kb + kgc) * MR8 * G * eb;
+                            (kn > 0).then_some((at, kn * MR8 * G * eb))
                         };
                         if let Some((at, len)) = next {
                             prefetch_l1(&qa[at..at + len]);
@@ -530,6 +516,23 @@ fn run_panels(
             }
         });
     });
+}
+
+/// The weights panel `p` reads after the block ending at group `end` (its next `kgb` groups), else the next
+/// panel's first block, else nothing: asked into L2 a share per row group while the block runs, as the
+/// float GEMM does (with few rows — a 94-token row has 16 groups — the first group's misses were a large
+/// part of a block).
+fn next_weights(w: &PackedInt8, p: usize, (end, kgb): (usize, usize)) -> &[i8] {
+    let kg = w.kg;
+    let wp = &w.data[p * kg * NR * G..(p + 1) * kg * NR * G];
+    if end < kg {
+        &wp[end * NR * G..((end + kgb).min(kg)) * NR * G]
+    } else if (p + 1) * kg * NR * G < w.data.len() {
+        let np = &w.data[(p + 1) * kg * NR * G..];
+        &np[..kgb.min(kg) * NR * G]
+    } else {
+        &[]
+    }
 }
 
 /// Ask for every cache line of `bytes` in L1 (hints: they never fault and change no value).
@@ -588,147 +591,6 @@ fn block_for_kernel(path: Path, src: &[i8], wide: &mut AlignedBuf<i16>) -> *cons
     }
     let _ = wide;
     unreachable!("the {path:?} kernel reads the packed weights as they are");
-}
-
-/// Where a microkernel that dequantises its own rows (AVX2 8-bit, ymm and zmm VNNI) writes them after
-/// the last input block: `C[r][j] = (f32(sum) · sw[j]) · sa[r]` for `r < rows`, `j < ncols`, as
-/// [`Dequant`] would (VNNI: `sum − 128 · wsum[j]`).
-#[derive(Debug, Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct Dequantised {
-    /// Row 0 of the group, the panel's first column.
-    pub(crate) c: *mut f32,
-    pub(crate) ldc: usize,
-    /// The panel's 64 weight scales (zero past `n`).
-    pub(crate) sw: *const f32,
-    /// The panel's 64 sums `Σ q_w` (for the VNNI kernels' `128 · Σ q_w` correction).
-    pub(crate) wsum: *const i32,
-    /// The group's six row scales.
-    pub(crate) sa: *const f32,
-    /// Columns of C in the panel.
-    pub(crate) ncols: usize,
-}
-
-/// Writes panel `p`'s columns of C from exact integer sums.
-struct Dequant<'a> {
-    kern: Kernels,
-    w: &'a PackedInt8,
-    p: usize,
-    /// `s_a` of every row of the call.
-    scale: &'a [f32],
-    /// The sums include `128 · Σ q_w` (VNNI's shifted activations).
-    shift: bool,
-    /// i32 sums per output (1, or 2 on AVX2: one per input pair of the groups).
-    lanes: usize,
-    /// Outputs per column block of the sums' layout (see [`Path::acc_cols`]).
-    cols: usize,
-    c: SendPtr<f32>,
-    ldc: usize,
-}
-
-impl Dequant<'_> {
-    /// Rows `rows` of C from `acc` (`NR · lanes` i32 per row in groups of six rows laid out as
-    /// [`Path::acc_cols`] says, the first for `rows.start`; an output's lanes added, exactly): exact
-    /// integer → f32, times `s_w`, times `s_a`, in this order on every path.
-    fn rows(&self, acc: &[i32], rows: std::ops::Range<usize>) {
-        let Dequant {
-            kern,
-            w,
-            p,
-            scale,
-            shift,
-            lanes,
-            cols,
-            c,
-            ldc,
-        } = *self;
-        let ncols = (w.n - p * NR).min(NR);
-        let sc = &w.scale[p * NR..p * NR + ncols];
-        let ws = &w.wsum[p * NR..p * NR + ncols];
-        super::super::dispatch::dispatch(
-            kern,
-            DequantRows {
-                acc,
-                rows,
-                lanes,
-                cols,
-                sc,
-                ws: shift.then_some(ws),
-                scale,
-                c: c.get().wrapping_add(p * NR),
-                ldc,
-            },
-        );
-    }
-}
-
-/// The body of [`Dequant::rows`], entered through `dispatch` so its plain loops are compiled (and
-/// vectorised) for the kernels' instruction set.
-struct DequantRows<'a> {
-    acc: &'a [i32],
-    rows: std::ops::Range<usize>,
-    lanes: usize,
-    cols: usize,
-    /// `s_w` of the panel's columns (as many as it has).
-    sc: &'a [f32],
-    /// `Σ q_w` of the panel's columns where the sums include `128 · Σ q_w`.
-    ws: Option<&'a [i32]>,
-    scale: &'a [f32],
-    /// Column `p · NR` of row 0 of C.
-    c: *mut f32,
-    ldc: usize,
-}
-
-impl Kernel for DequantRows<'_> {
-    type Out = ();
-    #[inline(always)]
-    fn run<S: Simd>(self) {
-        let DequantRows {
-            acc,
-            rows,
-            lanes,
-            cols,
-            sc,
-            ws,
-            scale,
-            c,
-            ldc,
-        } = self;
-        let ncols = sc.len();
-        let first = rows.start;
-        for i in rows {
-            let (g6, r) = ((i - first) / MR8, (i - first) % MR8);
-            let base = g6 * MR8 * NR * lanes + r * cols * lanes;
-            // SAFETY: the panel owns columns p·NR..p·NR+ncols of every row; rows < m.
-            let crow = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), ncols) };
-            let s = scale[i];
-            // Column block `b` of the row: `cols` outputs, `lanes` sums each, blocks `MR8 · cols ·
-            // lanes` i32 apart.
-            for b in 0..ncols.div_ceil(cols) {
-                let j0 = b * cols;
-                let nb = (ncols - j0).min(cols);
-                let src = &acc[base + b * MR8 * cols * lanes..][..nb * lanes];
-                let (out, sc) = (&mut crow[j0..j0 + nb], &sc[j0..j0 + nb]);
-                match (lanes, ws) {
-                    (2, _) => {
-                        for ((o, v), f) in out.iter_mut().zip(src.chunks_exact(2)).zip(sc) {
-                            *o = (v[0].wrapping_add(v[1]) as f32 * f) * s;
-                        }
-                    }
-                    (_, Some(ws)) => {
-                        for (((o, v), f), w) in out.iter_mut().zip(src).zip(sc).zip(&ws[j0..]) {
-                            *o = ((v - 128 * w) as f32 * f) * s;
-                        }
-                    }
-                    _ => {
-                        for ((o, v), f) in out.iter_mut().zip(src).zip(sc) {
-                            *o = (*v as f32 * f) * s;
-                        }
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// The int8 arm on AMX tiles ([`amx::run_gemm`](super::super::amx::run_gemm): rows in chunks that stay in
@@ -793,6 +655,7 @@ fn run_panels_amx(
 /// # Safety
 /// As documented at the call site in [`run_panels`]; the path's instruction set is present.
 #[inline]
+// The microkernel's registers in, one by one: a struct would be built and taken apart per row group.
 #[allow(clippy::too_many_arguments)]
 unsafe fn ukr(
     path: Path,
