@@ -6,6 +6,13 @@
 //! answer; the card is the library's (`Kev::card`). Bodies cross the boundary as bytes and answers as compact
 //! JSON text (the server's exact response bytes); the Python half (`python/kev/__init__.py`) turns them into
 //! dicts and exceptions. The GIL is released while the model loads and while requests run.
+//!
+//! [`server::Server`] is `kev serve` in-process over the same loaded model (kev-server's own application,
+//! without a socket): what a Ray Serve replica answers HTTP requests with (`kev.serve`). [`route::route_key`]
+//! is what its front end routes a request by.
+
+mod route;
+mod server;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,7 +30,10 @@ const CARD_NAME: &str = "kev-latest";
 /// A loaded model.
 #[pyclass(frozen, module = "kev._kev")]
 struct Engine {
-    kev: Kev<CpuBackend>,
+    /// Shared with the in-process servers started over it ([`server::Server`]).
+    kev: Arc<Kev<CpuBackend>>,
+    /// The names the model answers to, as `kev serve` names it (`kev_decide::served_names`).
+    names: Vec<String>,
     card: String,
     /// A pool of its own when `threads` was given; otherwise rayon's global pool (`RAYON_NUM_THREADS`).
     pool: Option<rayon::ThreadPool>,
@@ -69,8 +79,13 @@ struct EngineOptions {
     max_questions: Option<usize>,
     max_options: Option<usize>,
     max_input_tokens: Option<usize>,
+    max_batch_requests: Option<usize>,
+    max_batch_input_tokens: Option<usize>,
+    pin_bytes: Option<usize>,
     adapters: Option<Vec<(String, PathBuf)>>,
     strict_models: bool,
+    demo: bool,
+    aliases: Option<Vec<String>>,
 }
 
 #[pymethods]
@@ -92,8 +107,13 @@ impl Engine {
             max_questions,
             max_options,
             max_input_tokens,
+            max_batch_requests,
+            max_batch_input_tokens,
+            pin_bytes,
             adapters,
             strict_models,
+            demo,
+            aliases,
         } = options;
         let adapters: Vec<kev_decide::AdapterDir> = adapters
             .unwrap_or_default()
@@ -101,6 +121,11 @@ impl Engine {
             .map(|(name, dir)| kev_decide::AdapterDir { name, dir })
             .collect();
         let source = match (model_dir, base, kev, adapters.first()) {
+            (None, None, None, None) if demo => {
+                let (base, kev) =
+                    kev_decide::demo_release().map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Source::Release { base, kev }
+            }
             (Some(dir), None, None, None) => Source::Prepared(dir),
             (None, Some(base), Some(kev), None) => Source::Release { base, kev },
             (None, Some(base), None, Some(first)) => Source::Release {
@@ -110,7 +135,7 @@ impl Engine {
             _ => {
                 return Err(PyValueError::new_err(
                     "name a model: model_dir=DIR (prepared by `kev prepare`), or base=DIR with kev=DIR or \
-                     adapters={name: DIR, ...} (release)",
+                     adapters={name: DIR, ...} (release), or demo=True alone (kev-mini)",
                 ));
             }
         };
@@ -140,10 +165,13 @@ impl Engine {
                 max_questions: max_questions.unwrap_or(caps.max_questions),
                 max_options: max_options.unwrap_or(caps.max_options),
                 max_input_tokens: max_input_tokens.unwrap_or(caps.max_input_tokens),
-                ..caps
+                max_batch_requests: max_batch_requests.unwrap_or(caps.max_batch_requests),
+                max_batch_input_tokens: max_batch_input_tokens
+                    .unwrap_or(caps.max_batch_input_tokens),
             },
             pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
             cache_bytes,
+            pin_bytes: pin_bytes.unwrap_or(defaults.pin_bytes),
             date_facts,
             calibration,
             strict_models,
@@ -170,22 +198,31 @@ impl Engine {
             Some(p) => p.install(load),
             None => load(),
         });
-        let (kev, _info) = loaded.map_err(|e| {
+        let (mut kev, info) = loaded.map_err(|e| {
             PyRuntimeError::new_err(format!("loading {}: {e}", describe(&spec.source)))
         })?;
-        let kev = match adapters.first() {
-            Some(first) => {
-                kev.with_default_names(&first.name, &[CARD_NAME.into(), "jev-latest".into()])
-            }
-            None => kev,
+        // Named as `kev serve` names it (crates/cli/src/cmd/serve.rs): the demo's card says it is the demo,
+        // the default adapter answers to `kev-latest`, `jev-latest`, the size and the aliases.
+        if demo {
+            kev = kev.with_info(kev_decide::ModelInfo {
+                demo: true,
+                ..info.clone()
+            });
+        }
+        let names = kev_decide::served_names(&info.base, demo, &aliases.unwrap_or_default());
+        let default_name = match adapters.first() {
+            Some(first) => first.name.clone(),
+            None => kev.adapters()[0].name().to_owned(),
         };
+        let kev = kev.with_default_names(&default_name, &names);
         let mut card = serde_json::Map::new();
         card.insert("name".into(), Value::String(CARD_NAME.into()));
         if let Value::Object(fields) = kev.card() {
             card.extend(fields);
         }
         Ok(Engine {
-            kev,
+            kev: Arc::new(kev),
+            names,
             card: text(&Value::Object(card)),
             pool,
         })
@@ -262,6 +299,9 @@ fn describe(source: &Source) -> String {
 #[pymodule]
 fn _kev(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
+    m.add_class::<server::Server>()?;
+    m.add_function(wrap_pyfunction!(route::route_key, m)?)?;
+    m.add_function(wrap_pyfunction!(server::error_answer, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
