@@ -78,7 +78,7 @@ struct Answered {
 }
 
 impl Answered {
-    fn to_python<'py>(self, py: Python<'py>) -> Reply<'py> {
+    fn into_python<'py>(self, py: Python<'py>) -> Reply<'py> {
         let headers = self
             .parts
             .headers
@@ -215,7 +215,7 @@ impl Server {
         let task = self.runtime.spawn(respond(self.router.clone(), request));
         let answered = py.detach(|| self.runtime.block_on(Answer(task)));
         answered
-            .map(|a| a.to_python(py))
+            .map(|a| a.into_python(py))
             .map_err(PyRuntimeError::new_err)
     }
 
@@ -233,7 +233,7 @@ impl Server {
         let task = self.runtime.spawn(respond(self.router.clone(), request));
         let answered = Answer(task).await.map_err(PyRuntimeError::new_err)?;
         Python::attach(|py| {
-            let reply = answered.to_python(py).into_pyobject(py)?;
+            let reply = answered.into_python(py).into_pyobject(py)?;
             Ok(PyAnswer(reply.unbind()))
         })
     }
