@@ -88,48 +88,34 @@ struct EngineOptions {
     aliases: Option<Vec<String>>,
 }
 
-#[pymethods]
-impl Engine {
-    #[new]
-    fn new(py: Python<'_>, options: EngineOptions) -> PyResult<Self> {
-        let EngineOptions {
-            model_dir,
-            base,
-            kev,
-            weights,
-            precision,
-            cache_bytes,
-            pass_tokens,
-            threads,
-            truncate_state,
-            calibration,
-            date_facts,
-            max_questions,
-            max_options,
-            max_input_tokens,
-            max_batch_requests,
-            max_batch_input_tokens,
-            pin_bytes,
-            adapters,
-            strict_models,
-            demo,
-            aliases,
-        } = options;
-        let adapters: Vec<kev_decide::AdapterDir> = adapters
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(name, dir)| kev_decide::AdapterDir { name, dir })
-            .collect();
-        let source = match (model_dir, base, kev, adapters.first()) {
-            (None, None, None, None) if demo => {
+impl EngineOptions {
+    fn adapter_dirs(&self) -> Vec<kev_decide::AdapterDir> {
+        self.adapters
+            .iter()
+            .flatten()
+            .map(|(name, dir)| kev_decide::AdapterDir {
+                name: name.clone(),
+                dir: dir.clone(),
+            })
+            .collect()
+    }
+
+    /// The model's files: a prepared directory, the release directories, or kev-mini (`demo`).
+    fn source(&self, adapters: &[kev_decide::AdapterDir]) -> PyResult<Source> {
+        let named = (&self.model_dir, &self.base, &self.kev, adapters.first());
+        Ok(match named {
+            (None, None, None, None) if self.demo => {
                 let (base, kev) =
                     kev_decide::demo_release().map_err(|e| PyValueError::new_err(e.to_string()))?;
                 Source::Release { base, kev }
             }
-            (Some(dir), None, None, None) => Source::Prepared(dir),
-            (None, Some(base), Some(kev), None) => Source::Release { base, kev },
+            (Some(dir), None, None, None) => Source::Prepared(dir.clone()),
+            (None, Some(base), Some(kev), None) => Source::Release {
+                base: base.clone(),
+                kev: kev.clone(),
+            },
             (None, Some(base), None, Some(first)) => Source::Release {
-                base,
+                base: base.clone(),
                 kev: first.dir.clone(),
             },
             _ => {
@@ -138,45 +124,66 @@ impl Engine {
                      adapters={name: DIR, ...} (release), or demo=True alone (kev-mini)",
                 ));
             }
+        })
+    }
+
+    /// The service settings, as `kev serve`'s flags make them (crates/cli/src/loading.rs).
+    fn settings(&self) -> PyResult<Settings> {
+        let calibration = match &self.calibration {
+            None => None,
+            Some(path) => Some(Arc::new(
+                Calibration::read(path).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            )),
         };
-        let form: WeightForm = weights.parse().map_err(PyValueError::new_err)?;
+        let defaults = Settings::default();
+        let caps = Caps::default();
+        Ok(Settings {
+            limits: kev_tokenize::Limits {
+                truncate_state: self.truncate_state,
+                ..kev_tokenize::Limits::KEV
+            },
+            caps: Caps {
+                max_questions: self.max_questions.unwrap_or(caps.max_questions),
+                max_options: self.max_options.unwrap_or(caps.max_options),
+                max_input_tokens: self.max_input_tokens.unwrap_or(caps.max_input_tokens),
+                max_batch_requests: self.max_batch_requests.unwrap_or(caps.max_batch_requests),
+                max_batch_input_tokens: self
+                    .max_batch_input_tokens
+                    .unwrap_or(caps.max_batch_input_tokens),
+            },
+            pass_tokens: self.pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
+            cache_bytes: self.cache_bytes,
+            pin_bytes: self.pin_bytes.unwrap_or(defaults.pin_bytes),
+            date_facts: self.date_facts,
+            calibration,
+            strict_models: self.strict_models,
+            ..defaults
+        })
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    fn new(py: Python<'_>, options: EngineOptions) -> PyResult<Self> {
+        let adapters = options.adapter_dirs();
+        let source = options.source(&adapters)?;
+        let form: WeightForm = options.weights.parse().map_err(PyValueError::new_err)?;
         // The library's own parser and wording (`kev serve --precision` says the same).
-        let arm: Option<Arm> = match precision.as_deref() {
+        let arm: Option<Arm> = match options.precision.as_deref() {
             None => None,
             Some(p) => Some(
                 p.parse()
                     .map_err(|e| PyValueError::new_err(format!("precision: {e}")))?,
             ),
         };
-        let calibration = match calibration {
-            None => None,
-            Some(path) => Some(Arc::new(
-                Calibration::read(&path).map_err(|e| PyValueError::new_err(e.to_string()))?,
-            )),
-        };
-        let defaults = Settings::default();
-        let caps = Caps::default();
-        let settings = Settings {
-            limits: kev_tokenize::Limits {
-                truncate_state,
-                ..kev_tokenize::Limits::KEV
-            },
-            caps: Caps {
-                max_questions: max_questions.unwrap_or(caps.max_questions),
-                max_options: max_options.unwrap_or(caps.max_options),
-                max_input_tokens: max_input_tokens.unwrap_or(caps.max_input_tokens),
-                max_batch_requests: max_batch_requests.unwrap_or(caps.max_batch_requests),
-                max_batch_input_tokens: max_batch_input_tokens
-                    .unwrap_or(caps.max_batch_input_tokens),
-            },
-            pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
-            cache_bytes,
-            pin_bytes: pin_bytes.unwrap_or(defaults.pin_bytes),
-            date_facts,
-            calibration,
-            strict_models,
-            ..defaults
-        };
+        let settings = options.settings()?;
+        let EngineOptions {
+            threads,
+            demo,
+            aliases,
+            ..
+        } = options;
         let pool = match threads {
             None => None,
             Some(n) => Some(
