@@ -59,6 +59,16 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
+def kev_serve_demo():
+    """`kev serve --demo` on a loopback port, its address: the reference the kev.serve tests compare with."""
+    from httpsupport import KevServe
+
+    ks = KevServe()
+    yield ks.base
+    ks.close()
+
+
+@pytest.fixture(scope="session")
 def model():
     import kev
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import INVALID, ROOT, VALID
-from httpsupport import CACHE_BYTES, KevServe, cache_counts, decision, free_port, header, metric, question, request, state_text, without_latency
+from httpsupport import CACHE_BYTES, cache_counts, decision, free_port, header, metric, question, request, state_text, without_latency
 
 serve = pytest.importorskip("ray.serve", reason="skipped: ray[serve] is not installed (pip install 'kev[serve]')")
 
@@ -50,10 +50,8 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def reference():
-    ks = KevServe()
-    yield ks.base
-    ks.close()
+def reference(kev_serve_demo):
+    return kev_serve_demo
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +215,11 @@ def test_a_replica_killed_under_load(fleet, reference, ray_cluster, capsys):
     ring.rebuild(replicas)
     homed = {victim: [], survivor: []}
     i = 0
-    while min(len(v) for v in homed.values()) < 24:
-        body = json.dumps({"state": state_text(20000 + i, words=600), "questions": question(i)}).encode()
+    while min(len(v) for v in homed.values()) < 16:
+        body = json.dumps({"state": state_text(20000 + i, words=400), "questions": question(i)}).encode()
         _, _, digest = _kev.route_key([], body, 8 << 20)
         home = ring.home(state_key("", digest))
-        if len(homed[home]) < 24:
+        if len(homed[home]) < 16:
             homed[home].append(body)
         i += 1
     bodies = [b for pair in zip(homed[victim], homed[survivor]) for b in pair]

@@ -11,17 +11,15 @@ import random
 import pytest
 
 from conftest import INVALID, ROOT, VALID
-from httpsupport import CACHE_BYTES, KevServe, header, request, state_text, without_latency
+from httpsupport import CACHE_BYTES, header, request, state_text, without_latency
 
 import kev
 from kev import _kev
 
 
 @pytest.fixture(scope="module")
-def reference():
-    ks = KevServe()
-    yield ks.base
-    ks.close()
+def reference(kev_serve_demo):
+    return kev_serve_demo
 
 
 @pytest.fixture(scope="module")

@@ -276,28 +276,18 @@ pub(crate) fn error_answer<'py>(
         }
     };
     let response = error.for_request(request_id).into_response();
-    let (parts, body) = response.into_parts();
-    let bytes = tokio::runtime::Builder::new_current_thread()
+    let (mut parts, body) = response.into_parts();
+    let body = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         .block_on(body.collect())
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
         .to_bytes();
-    let mut headers: Vec<_> = parts
-        .headers
-        .iter()
-        .map(|(k, v)| {
-            (
-                PyBytes::new(py, k.as_str().as_bytes()),
-                PyBytes::new(py, v.as_bytes()),
-            )
-        })
-        .collect();
-    headers.push((
-        PyBytes::new(py, kev_server::REQUEST_ID.as_str().as_bytes()),
-        PyBytes::new(py, request_id.as_bytes()),
-    ));
-    Ok((parts.status.as_u16(), headers, PyBytes::new(py, &bytes)))
+    // The request-id layer's part of the answer (an error given outside the router).
+    let rid = HeaderValue::from_str(request_id)
+        .map_err(|e| PyValueError::new_err(format!("request id: {e}")))?;
+    parts.headers.insert(kev_server::REQUEST_ID, rid);
+    Ok(Answered { parts, body }.into_python(py))
 }
 
 impl Drop for Server {
