@@ -336,6 +336,14 @@ class Server:
         status, out, data = self._server.handle(method, target, [(bytes(k), bytes(v)) for k, v in headers], bytes(body))
         return status, list(out), data
 
+    async def handle_async(
+        self, method: str, target: str, headers: Iterable[Tuple[bytes, bytes]] = (), body: bytes = b""
+    ) -> Tuple[int, Headers, bytes]:
+        """:meth:`handle` for asyncio: the request runs on the server's own threads and this coroutine resumes
+        when it is answered. Cancelling it stops the request as a client hanging up on ``kev serve`` does."""
+        status, out, data = await self._server.handle_async(method, target, [(bytes(k), bytes(v)) for k, v in headers], bytes(body))
+        return status, list(out), data
+
     @property
     def ready(self) -> bool:
         """Whether ``/ready`` would answer 200."""

@@ -245,12 +245,16 @@ def test_a_replica_killed_under_load(fleet, reference, ray_cluster, capsys):
     for k, (a, e) in enumerate(zip(answers, expected)):
         assert a[0] == 200, (k, a[2][:300])
         assert without_latency(a[2]) == without_latency(e[2]), k
+    # The victim's states (every other body) answered by another replica: sent there after it died — by Ray's
+    # router (a request the replica had not accepted yet) or by the ingress (`X-Kev-Retried`: one it held).
+    moved = [a for a in answers[0::2] if header(a, "x-kev-replica") != victim]
     with capsys.disabled():
         print(
-            f"\nreplica {victim} killed with {len(bodies) - 6} of {len(bodies)} requests unanswered: all answered "
-            f"({len(retried)} after a retry) in {took:.1f} s, by {sorted({header(a, 'x-kev-replica') for a in answers})}"
+            f"\nreplica {victim} killed with {len(bodies) - 6} of {len(bodies)} requests unanswered: all answered, "
+            f"{len(moved)} of its states by another replica ({len(retried)} of them retried by the ingress) in "
+            f"{took:.1f} s, by {sorted({header(a, 'x-kev-replica') for a in answers})}"
         )
-    assert retried, "no request was in flight on the killed replica: the failover path was not exercised"
+    assert moved, "no request of the killed replica's was answered elsewhere: the failover path was not exercised"
     # Its pinned state died with it: the typed not-found kev serve gives for an id it does not hold.
     named = json.dumps({"x_state_id": pin_id, "questions": {"q": {"type": "noul"}}}).encode()
     for method, path, body in (("POST", "/v1/systemone", named), ("GET", f"/v1/systemone/states/{pin_id}", None)):

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import random
+import time
 
 import pytest
 
@@ -45,8 +46,30 @@ def test_the_in_process_server_answers_as_kev_serve(server, reference):
         assert (status, data) == (ref[0], ref[2]) or path == "/ready", path
     # The awaitable form answers the same.
     body = VALID[0].read_bytes()
-    status, _, data = asyncio.run(server._server.handle_async("POST", "/v1/systemone", [], body))
+    status, _, data = asyncio.run(server.handle_async("POST", "/v1/systemone", [], body))
     assert (status, without_latency(data)) == (200, without_latency(request(reference, "POST", "/v1/systemone", body)[2]))
+
+
+def test_cancelling_the_awaitable_stops_the_request(server):
+    from httpsupport import metric
+
+    def cancelled():
+        return metric(server.handle("GET", "/metrics")[2].decode(), "kev_engine_cancelled_total")
+
+    before = cancelled()
+    long = json.dumps({"state": state_text(77, words=12000), "questions": {"q": {"type": "noul"}}}).encode()
+
+    async def hang_up():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(server.handle_async("POST", "/v1/systemone", [], long), 0.5)
+
+    asyncio.run(hang_up())
+    deadline = time.monotonic() + 30
+    while cancelled() < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cancelled() == before + 1
+    # The server goes on answering.
+    assert server.handle("POST", "/v1/systemone", [], VALID[0].read_bytes())[0] == 200
 
 
 def test_pinned_ids_carry_the_prefix(server):

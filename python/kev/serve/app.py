@@ -182,8 +182,7 @@ class KevReplica:
         logger.info("kev replica %s ready (%s threads)", self.replica, threads)
 
     async def __call__(self, call: KevCall) -> Tuple[int, Headers, bytes]:
-        status, headers, body = await self.server._server.handle_async(call.method, call.target, call.headers, call.body)
-        headers = list(headers)
+        status, headers, body = await self.server.handle_async(call.method, call.target, call.headers, call.body)
         headers.append((b"x-kev-replica", self._tag))
         return status, headers, body
 
