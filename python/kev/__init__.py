@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _kev
 
-__all__ = ["Model", "ContractError", "KevError", "Request", "__version__"]
+__all__ = ["Model", "Server", "ContractError", "KevError", "Request", "__version__"]
 __version__: str = _kev.__version__
 
 Request = Union[Mapping[str, Any], str, bytes, bytearray, memoryview]
@@ -120,6 +120,11 @@ class Model:
     instead of ``kev``. A request's ``model`` picks the adapter; the first (or ``default_adapter``) answers
     ``kev-latest``, ``jev-latest`` and, unless ``strict_models``, any other name. Every adapter is applied
     unmerged (the exact weight form), so each answers as ``Model(base=…, kev=its dir, weights="exact")``.
+
+    ``demo=True`` (and no other model) loads kev-mini, the bundled miniature ``kev serve --demo`` serves (its card
+    says so). ``aliases`` are further model names (``--alias``); ``pin_bytes`` (``--pin-bytes``, 1 GiB),
+    ``max_batch_requests`` and ``max_batch_input_tokens`` (``--max-batch-…``) are ``kev serve``'s too, and matter
+    to the in-process server (:meth:`server`).
     """
 
     def __init__(
@@ -142,6 +147,11 @@ class Model:
         adapters: Optional[Mapping[str, PathLike]] = None,
         default_adapter: Optional[str] = None,
         strict_models: bool = False,
+        demo: bool = False,
+        aliases: Optional[Iterable[str]] = None,
+        pin_bytes: Optional[int] = None,
+        max_batch_requests: Optional[int] = None,
+        max_batch_input_tokens: Optional[int] = None,
     ) -> None:
         fs = lambda p: None if p is None else os.fspath(p)  # noqa: E731
         listed = None
@@ -169,8 +179,13 @@ class Model:
                 "max_questions": max_questions,
                 "max_options": max_options,
                 "max_input_tokens": max_input_tokens,
+                "max_batch_requests": max_batch_requests,
+                "max_batch_input_tokens": max_batch_input_tokens,
+                "pin_bytes": pin_bytes,
                 "adapters": listed,
                 "strict_models": strict_models,
+                "demo": demo,
+                "aliases": None if aliases is None else [str(a) for a in aliases],
             }
         )
         self._info: Optional[dict] = None
@@ -241,6 +256,10 @@ class Model:
             raise ContractError(status, json.loads(text))
         return json.loads(text)
 
+    def server(self, **options: Any) -> "Server":
+        """``kev serve`` in this process over this model, without a socket: see :class:`Server`."""
+        return Server(self, **options)
+
     def _answers(self, requests: Iterable[Request], progress: bool) -> Iterator[tuple]:
         total = len(requests) if hasattr(requests, "__len__") else None  # type: ignore[arg-type]
         bar = _Progress(progress, total)
@@ -255,3 +274,81 @@ class Model:
     def __repr__(self) -> str:
         card = self.info
         return f"kev.Model({card.get('x_base')!r}, weights={card.get('x_weights')!r}, precision={card.get('x_precision')!r})"
+
+
+Headers = List[Tuple[bytes, bytes]]
+
+
+class Server:
+    """``kev serve`` in-process: kev-server's own application (every route, the one admission pipeline, the
+    queue and scheduler, the error table) over a loaded :class:`Model`, answering requests handed to it as
+    method, target, headers and body — what ``kev serve`` would answer on a socket, byte for byte. A Ray Serve
+    replica (``kev.serve``) is one of these.
+
+    The options are ``kev serve``'s server flags (``None`` keeps its default): ``queue_depth`` (64),
+    ``queue_deadline_ms`` (60,000), ``long_lane`` (``"on"``, ``"low"``, ``"off"``), ``max_body`` (8 MiB),
+    ``request_timeout_s`` (300), ``admit_permits`` (the core count), ``api_key``, ``metrics_key``,
+    ``min_body_rate`` (16 KiB/s); ``pin_id_prefix`` goes before every pinned-state id it makes (a fleet names
+    the replica there); ``io_threads`` sizes its async runtime (2). It answers its warm-up decision through
+    the pipeline before the constructor returns (``kev serve``'s ``/ready``); the model is shared, not copied.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        queue_depth: Optional[int] = None,
+        queue_deadline_ms: Optional[int] = None,
+        long_lane: Optional[str] = None,
+        max_body: Optional[int] = None,
+        request_timeout_s: Optional[int] = None,
+        admit_permits: Optional[int] = None,
+        api_key: Optional[str] = None,
+        metrics_key: Optional[str] = None,
+        min_body_rate: Optional[int] = None,
+        pin_id_prefix: Optional[str] = None,
+        io_threads: Optional[int] = None,
+    ) -> None:
+        self.model = model
+        self._server = _kev.Server(
+            model._engine,
+            {
+                "queue_depth": queue_depth,
+                "queue_deadline_ms": queue_deadline_ms,
+                "long_lane": long_lane,
+                "max_body": max_body,
+                "request_timeout_s": request_timeout_s,
+                "admit_permits": admit_permits,
+                "api_key": api_key,
+                "metrics_key": metrics_key,
+                "min_body_rate": min_body_rate,
+                "pin_id_prefix": pin_id_prefix,
+                "io_threads": io_threads,
+            },
+        )
+
+    def handle(
+        self, method: str, target: str, headers: Iterable[Tuple[bytes, bytes]] = (), body: bytes = b""
+    ) -> Tuple[int, Headers, bytes]:
+        """Answer one request (``target``: path and query). Returns ``(status, headers, body)`` as ``kev serve``
+        sends them, less what its connection adds (``date``, ``content-length``). Releases the GIL; safe to call
+        from many threads at once (the requests share engine passes as on a socket)."""
+        status, out, data = self._server.handle(method, target, [(bytes(k), bytes(v)) for k, v in headers], bytes(body))
+        return status, list(out), data
+
+    async def handle_async(
+        self, method: str, target: str, headers: Iterable[Tuple[bytes, bytes]] = (), body: bytes = b""
+    ) -> Tuple[int, Headers, bytes]:
+        """:meth:`handle` for asyncio: the request runs on the server's own threads and this coroutine resumes
+        when it is answered. Cancelling it stops the request as a client hanging up on ``kev serve`` does."""
+        status, out, data = await self._server.handle_async(method, target, [(bytes(k), bytes(v)) for k, v in headers], bytes(body))
+        return status, list(out), data
+
+    @property
+    def ready(self) -> bool:
+        """Whether ``/ready`` would answer 200."""
+        return self._server.ready
+
+    def close(self) -> None:
+        """Stop taking new work (503), finish what was accepted, stop the engine thread."""
+        self._server.close()

@@ -1,7 +1,7 @@
 import os
-from typing import Any, Iterable, List, Literal, Mapping, Optional, Union
+from typing import Any, Iterable, List, Literal, Mapping, Optional, Tuple, Union
 
-__all__ = ["Model", "ContractError", "KevError", "Request", "__version__"]
+__all__ = ["Model", "Server", "ContractError", "KevError", "Request", "__version__"]
 __version__: str
 
 Request = Union[Mapping[str, Any], str, bytes, bytearray, memoryview]
@@ -39,7 +39,31 @@ class Model:
         max_questions: Optional[int] = None,
         max_options: Optional[int] = None,
         max_input_tokens: Optional[int] = None,
+        adapters: Optional[Mapping[str, _Path]] = None,
+        default_adapter: Optional[str] = None,
+        strict_models: bool = False,
+        demo: bool = False,
+        aliases: Optional[Iterable[str]] = None,
+        pin_bytes: Optional[int] = None,
+        max_batch_requests: Optional[int] = None,
+        max_batch_input_tokens: Optional[int] = None,
     ) -> None: ...
+    def server(
+        self,
+        *,
+        queue_depth: Optional[int] = None,
+        queue_deadline_ms: Optional[int] = None,
+        long_lane: Optional[Literal["on", "low", "off"]] = None,
+        max_body: Optional[int] = None,
+        request_timeout_s: Optional[int] = None,
+        admit_permits: Optional[int] = None,
+        api_key: Optional[str] = None,
+        metrics_key: Optional[str] = None,
+        min_body_rate: Optional[int] = None,
+        pin_id_prefix: Optional[str] = None,
+        io_threads: Optional[int] = None,
+    ) -> "Server":
+        """``kev serve`` in this process over this model (see :class:`Server`)."""
     @property
     def info(self) -> dict[str, Any]:
         """The ``/v1/models`` card: ``name``, ``description``, ``release_date`` and the ``x_…`` fields."""
@@ -60,3 +84,37 @@ class Model:
         """Per request the exact line ``kev decide --jsonl`` writes."""
     def rows(self, request: Request) -> dict[str, Any]:
         """What the request compiles to (``kev rows``); raises ``ContractError``."""
+
+Headers = List[Tuple[bytes, bytes]]
+
+class Server:
+    """``kev serve`` in-process: kev-server's application over a loaded model, answering requests handed to it."""
+
+    model: Model
+    def __init__(
+        self,
+        model: Model,
+        *,
+        queue_depth: Optional[int] = None,
+        queue_deadline_ms: Optional[int] = None,
+        long_lane: Optional[Literal["on", "low", "off"]] = None,
+        max_body: Optional[int] = None,
+        request_timeout_s: Optional[int] = None,
+        admit_permits: Optional[int] = None,
+        api_key: Optional[str] = None,
+        metrics_key: Optional[str] = None,
+        min_body_rate: Optional[int] = None,
+        pin_id_prefix: Optional[str] = None,
+        io_threads: Optional[int] = None,
+    ) -> None: ...
+    def handle(
+        self, method: str, target: str, headers: Iterable[Tuple[bytes, bytes]] = ..., body: bytes = ...
+    ) -> Tuple[int, Headers, bytes]:
+        """``(status, headers, body)`` as ``kev serve`` sends them (less ``date`` and ``content-length``)."""
+    async def handle_async(
+        self, method: str, target: str, headers: Iterable[Tuple[bytes, bytes]] = ..., body: bytes = ...
+    ) -> Tuple[int, Headers, bytes]:
+        """:meth:`handle` as an asyncio coroutine; cancelling it stops the request."""
+    @property
+    def ready(self) -> bool: ...
+    def close(self) -> None: ...

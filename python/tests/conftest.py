@@ -41,6 +41,34 @@ def cli_jsonl(lines: List[str], tmp: Path, *extra: str) -> List[str]:
 
 
 @pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for every test that needs one (starting Ray is the slow part): loopback only, no
+    dashboard, usage stats off, 2 CPUs (the machine's). `ray_decide` (the Ray Data example) importable on it."""
+    ray = pytest.importorskip("ray", reason="skipped: ray is not installed (pip install 'kev[serve]')")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    examples = str(ROOT / "python" / "examples")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"PYTHONPATH": examples, "RAY_USAGE_STATS_ENABLED": "0"}},
+        log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def kev_serve_demo():
+    """`kev serve --demo` on a loopback port, its address: the reference the kev.serve tests compare with."""
+    from httpsupport import KevServe
+
+    ks = KevServe()
+    yield ks.base
+    ks.close()
+
+
+@pytest.fixture(scope="session")
 def model():
     import kev
 

@@ -50,21 +50,7 @@ def documents():
     return docs
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        runtime_env={"env_vars": {"PYTHONPATH": str(EXAMPLES), "RAY_USAGE_STATS_ENABLED": "0"}},
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
-
-
-def test_ray_pipeline_equals_the_cli(cluster, tmp_path, capsys):
+def test_ray_pipeline_equals_the_cli(ray_cluster, tmp_path, capsys):
     docs = documents()
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's tests (python/tests): builds `kev` from source into a venv under target/ exactly as
 # a user would (`pip install ./python`, maturin from PyPI as the PEP 517 backend, only the Rust toolchain
-# needed), adds ray[data] and pytest, and checks kev.Model and the Ray Data example against the `kev` CLI.
+# needed), adds ray[serve,data], pytest and the official SDK, and checks kev.Model and the Ray Data example
+# against the `kev` CLI, and kev.serve (Ray Serve, two replicas on one local Ray cluster) against `kev serve`.
 #
 # The wheel is built in the dev profile into the workspace's target/, so it reuses the engine that
 # `cargo test` / `cargo build -p kev` compiled and is bit-for-bit the code of target/debug/kev, the CLI it
@@ -28,10 +29,11 @@ else
   KEV_BIN="$CARGO_TARGET_DIR/debug/kev"
 fi
 
-step "venv $venv: ray[data], pytest"
+step "venv $venv: ray[serve,data], pytest, typesafe-sdk"
 if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv" || fail "python3 -m venv failed"; fi
-"$venv/bin/pip" install -q --disable-pip-version-check "ray[data]==2.60.0" "pytest==9.2.0" \
-  || fail "pip install ray[data] pytest failed"
+# ray pinned to the version kev.serve is tested with (its RequestRouter API is alpha: python/pyproject.toml).
+"$venv/bin/pip" install -q --disable-pip-version-check "ray[serve,data]==2.60.0" "pytest==9.2.0" \
+  "typesafe-sdk[zstd]==0.7.5" || fail "pip install ray[serve,data] pytest typesafe-sdk failed"
 
 step "pip install ./python (built from source, dev profile)"
 t0=$(date +%s)

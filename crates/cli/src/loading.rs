@@ -134,23 +134,3 @@ fn describe(source: &Source) -> String {
         Source::Release { base, kev } => format!("{} + {}", base.display(), kev.display()),
     }
 }
-
-/// The bundled release `kev serve --demo` answers with: kev-mini, a miniature Kev trained on synthetic
-/// decision records in the real release formats (`fixtures/mini`; `KEV_DEMO_DIR` overrides).
-pub fn demo_release() -> anyhow::Result<(PathBuf, PathBuf)> {
-    let root = std::env::var_os("KEV_DEMO_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
-        });
-    let (base, kev) = (root.join("base"), root.join("kev"));
-    let has_head =
-        kev.join("head.pt").is_file() || kev.join(kev_release::head::HEAD_JSON).is_file();
-    if !base.join("config.json").is_file() || !has_head {
-        anyhow::bail!(
-            "the demo release is not at {} (set KEV_DEMO_DIR to a directory with base/ and kev/)",
-            root.display()
-        );
-    }
-    Ok((base, kev))
-}

@@ -133,3 +133,48 @@ impl ModelInfo {
         })
     }
 }
+
+/// The model names a server answers to and `/v1/models` lists, the default adapter's: `kev-latest`,
+/// `jev-latest`, then the size from the base the head names (`kev-0.8b` on Qwen3.5-0.8B-Base; not for the
+/// demo's random weights), then the aliases (empty and repeated ones skipped). `kev serve` and the Python
+/// package's in-process server (`kev.Server`, under `kev.serve`) both name the model with it.
+pub fn served_names(base: &str, demo: bool, aliases: &[String]) -> Vec<String> {
+    let mut names = vec!["kev-latest".to_string(), "jev-latest".to_string()];
+    if let Some(size) = kev_release::published::size_name(base)
+        && !demo
+    {
+        names.push(size);
+    }
+    for a in aliases {
+        if !a.is_empty() && !names.contains(a) {
+            names.push(a.clone());
+        }
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_names;
+
+    #[test]
+    fn served_names_name_the_size() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            served_names("Qwen/Qwen3.5-0.8B-Base", false, &[]),
+            v(&["kev-latest", "jev-latest", "kev-0.8b"])
+        );
+        assert_eq!(
+            served_names("Qwen/Qwen3.5-4B-Base", false, &v(&["kev-0.8b", "mine", ""])),
+            v(&["kev-latest", "jev-latest", "kev-4b", "kev-0.8b", "mine"])
+        );
+        assert_eq!(
+            served_names("Qwen/Qwen3.5-0.8B-Base", true, &[]),
+            v(&["kev-latest", "jev-latest"])
+        );
+        assert_eq!(
+            served_names("local/base", false, &v(&["kev-latest"])),
+            v(&["kev-latest", "jev-latest"])
+        );
+    }
+}

@@ -19,12 +19,14 @@ pub mod settings;
 pub mod task;
 
 pub use calibrate::Calibration;
-pub use card::{ModelInfo, WeightForm};
+pub use card::{ModelInfo, WeightForm, served_names};
 pub use head::PointerHead;
 /// The engine types a front end names: the backend boundary, the CPU backend, and the process's memory
 /// figures.
 pub use kev_engine::{Backend, CpuBackend, memory};
-pub use load::{AdapterDir, LoadSpec, Source, load_cpu, load_cpu_adapters, load_cpu_int8};
+pub use load::{
+    AdapterDir, LoadSpec, Source, demo_release, load_cpu, load_cpu_adapters, load_cpu_int8,
+};
 pub use service::{DecideError, Decision, Job, Kev, LOGITS_FIELD, OverCap, Refusal, Stats};
 pub use settings::{Caps, Settings};
 pub use task::{Grant, Lane, Need, Step, Task};

@@ -79,6 +79,27 @@ pub enum LoadError {
     },
 }
 
+/// The bundled release `kev serve --demo` (and `python -m kev.serve --demo`) answers with: kev-mini, a
+/// miniature Kev trained on synthetic decision records in the real release formats (`fixtures/mini` of the
+/// source tree this was built from; `KEV_DEMO_DIR` overrides). Its `(base, kev)` directories.
+pub fn demo_release() -> Result<(PathBuf, PathBuf), LoadError> {
+    let root = std::env::var_os("KEV_DEMO_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/mini"))
+        });
+    let (base, kev) = (root.join("base"), root.join("kev"));
+    let has_head =
+        kev.join("head.pt").is_file() || kev.join(kev_release::head::HEAD_JSON).is_file();
+    if !base.join("config.json").is_file() || !has_head {
+        return Err(LoadError::Unsupported(format!(
+            "the demo release is not at {} (set KEV_DEMO_DIR to a directory with base/ and kev/)",
+            root.display()
+        )));
+    }
+    Ok((base, kev))
+}
+
 /// The compute arm a CPU gets by default: bf16 with native BF16 dot products, else fp32.
 pub fn default_arm() -> Arm {
     use kev_engine::kernels::Isa;

@@ -6,6 +6,13 @@
 //! answer; the card is the library's (`Kev::card`). Bodies cross the boundary as bytes and answers as compact
 //! JSON text (the server's exact response bytes); the Python half (`python/kev/__init__.py`) turns them into
 //! dicts and exceptions. The GIL is released while the model loads and while requests run.
+//!
+//! [`server::Server`] is `kev serve` in-process over the same loaded model (kev-server's own application,
+//! without a socket): what a Ray Serve replica answers HTTP requests with (`kev.serve`). [`route::route_key`]
+//! is what its front end routes a request by.
+
+mod route;
+mod server;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,7 +30,10 @@ const CARD_NAME: &str = "kev-latest";
 /// A loaded model.
 #[pyclass(frozen, module = "kev._kev")]
 struct Engine {
-    kev: Kev<CpuBackend>,
+    /// Shared with the in-process servers started over it ([`server::Server`]).
+    kev: Arc<Kev<CpuBackend>>,
+    /// The names the model answers to, as `kev serve` names it (`kev_decide::served_names`).
+    names: Vec<String>,
     card: String,
     /// A pool of its own when `threads` was given; otherwise rayon's global pool (`RAYON_NUM_THREADS`).
     pool: Option<rayon::ThreadPool>,
@@ -69,86 +79,111 @@ struct EngineOptions {
     max_questions: Option<usize>,
     max_options: Option<usize>,
     max_input_tokens: Option<usize>,
+    max_batch_requests: Option<usize>,
+    max_batch_input_tokens: Option<usize>,
+    pin_bytes: Option<usize>,
     adapters: Option<Vec<(String, PathBuf)>>,
     strict_models: bool,
+    demo: bool,
+    aliases: Option<Vec<String>>,
+}
+
+impl EngineOptions {
+    fn adapter_dirs(&self) -> Vec<kev_decide::AdapterDir> {
+        self.adapters
+            .iter()
+            .flatten()
+            .map(|(name, dir)| kev_decide::AdapterDir {
+                name: name.clone(),
+                dir: dir.clone(),
+            })
+            .collect()
+    }
+
+    /// The model's files: a prepared directory, the release directories, or kev-mini (`demo`).
+    fn source(&self, adapters: &[kev_decide::AdapterDir]) -> PyResult<Source> {
+        let named = (&self.model_dir, &self.base, &self.kev, adapters.first());
+        Ok(match named {
+            (None, None, None, None) if self.demo => {
+                let (base, kev) =
+                    kev_decide::demo_release().map_err(|e| PyValueError::new_err(e.to_string()))?;
+                Source::Release { base, kev }
+            }
+            (Some(dir), None, None, None) => Source::Prepared(dir.clone()),
+            (None, Some(base), Some(kev), None) => Source::Release {
+                base: base.clone(),
+                kev: kev.clone(),
+            },
+            (None, Some(base), None, Some(first)) => Source::Release {
+                base: base.clone(),
+                kev: first.dir.clone(),
+            },
+            _ => {
+                return Err(PyValueError::new_err(
+                    "name a model: model_dir=DIR (prepared by `kev prepare`), or base=DIR with kev=DIR or \
+                     adapters={name: DIR, ...} (release), or demo=True alone (kev-mini)",
+                ));
+            }
+        })
+    }
+
+    /// The service settings, as `kev serve`'s flags make them (crates/cli/src/loading.rs).
+    fn settings(&self) -> PyResult<Settings> {
+        let calibration = match &self.calibration {
+            None => None,
+            Some(path) => Some(Arc::new(
+                Calibration::read(path).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            )),
+        };
+        let defaults = Settings::default();
+        let caps = Caps::default();
+        Ok(Settings {
+            limits: kev_tokenize::Limits {
+                truncate_state: self.truncate_state,
+                ..kev_tokenize::Limits::KEV
+            },
+            caps: Caps {
+                max_questions: self.max_questions.unwrap_or(caps.max_questions),
+                max_options: self.max_options.unwrap_or(caps.max_options),
+                max_input_tokens: self.max_input_tokens.unwrap_or(caps.max_input_tokens),
+                max_batch_requests: self.max_batch_requests.unwrap_or(caps.max_batch_requests),
+                max_batch_input_tokens: self
+                    .max_batch_input_tokens
+                    .unwrap_or(caps.max_batch_input_tokens),
+            },
+            pass_tokens: self.pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
+            cache_bytes: self.cache_bytes,
+            pin_bytes: self.pin_bytes.unwrap_or(defaults.pin_bytes),
+            date_facts: self.date_facts,
+            calibration,
+            strict_models: self.strict_models,
+            ..defaults
+        })
+    }
 }
 
 #[pymethods]
 impl Engine {
     #[new]
     fn new(py: Python<'_>, options: EngineOptions) -> PyResult<Self> {
-        let EngineOptions {
-            model_dir,
-            base,
-            kev,
-            weights,
-            precision,
-            cache_bytes,
-            pass_tokens,
-            threads,
-            truncate_state,
-            calibration,
-            date_facts,
-            max_questions,
-            max_options,
-            max_input_tokens,
-            adapters,
-            strict_models,
-        } = options;
-        let adapters: Vec<kev_decide::AdapterDir> = adapters
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(name, dir)| kev_decide::AdapterDir { name, dir })
-            .collect();
-        let source = match (model_dir, base, kev, adapters.first()) {
-            (Some(dir), None, None, None) => Source::Prepared(dir),
-            (None, Some(base), Some(kev), None) => Source::Release { base, kev },
-            (None, Some(base), None, Some(first)) => Source::Release {
-                base,
-                kev: first.dir.clone(),
-            },
-            _ => {
-                return Err(PyValueError::new_err(
-                    "name a model: model_dir=DIR (prepared by `kev prepare`), or base=DIR with kev=DIR or \
-                     adapters={name: DIR, ...} (release)",
-                ));
-            }
-        };
-        let form: WeightForm = weights.parse().map_err(PyValueError::new_err)?;
+        let adapters = options.adapter_dirs();
+        let source = options.source(&adapters)?;
+        let form: WeightForm = options.weights.parse().map_err(PyValueError::new_err)?;
         // The library's own parser and wording (`kev serve --precision` says the same).
-        let arm: Option<Arm> = match precision.as_deref() {
+        let arm: Option<Arm> = match options.precision.as_deref() {
             None => None,
             Some(p) => Some(
                 p.parse()
                     .map_err(|e| PyValueError::new_err(format!("precision: {e}")))?,
             ),
         };
-        let calibration = match calibration {
-            None => None,
-            Some(path) => Some(Arc::new(
-                Calibration::read(&path).map_err(|e| PyValueError::new_err(e.to_string()))?,
-            )),
-        };
-        let defaults = Settings::default();
-        let caps = Caps::default();
-        let settings = Settings {
-            limits: kev_tokenize::Limits {
-                truncate_state,
-                ..kev_tokenize::Limits::KEV
-            },
-            caps: Caps {
-                max_questions: max_questions.unwrap_or(caps.max_questions),
-                max_options: max_options.unwrap_or(caps.max_options),
-                max_input_tokens: max_input_tokens.unwrap_or(caps.max_input_tokens),
-                ..caps
-            },
-            pass_tokens: pass_tokens.unwrap_or(defaults.pass_tokens).max(1),
-            cache_bytes,
-            date_facts,
-            calibration,
-            strict_models,
-            ..defaults
-        };
+        let settings = options.settings()?;
+        let EngineOptions {
+            threads,
+            demo,
+            aliases,
+            ..
+        } = options;
         let pool = match threads {
             None => None,
             Some(n) => Some(
@@ -170,22 +205,31 @@ impl Engine {
             Some(p) => p.install(load),
             None => load(),
         });
-        let (kev, _info) = loaded.map_err(|e| {
+        let (mut kev, info) = loaded.map_err(|e| {
             PyRuntimeError::new_err(format!("loading {}: {e}", describe(&spec.source)))
         })?;
-        let kev = match adapters.first() {
-            Some(first) => {
-                kev.with_default_names(&first.name, &[CARD_NAME.into(), "jev-latest".into()])
-            }
-            None => kev,
+        // Named as `kev serve` names it (crates/cli/src/cmd/serve.rs): the demo's card says it is the demo,
+        // the default adapter answers to `kev-latest`, `jev-latest`, the size and the aliases.
+        if demo {
+            kev = kev.with_info(kev_decide::ModelInfo {
+                demo: true,
+                ..info.clone()
+            });
+        }
+        let names = kev_decide::served_names(&info.base, demo, &aliases.unwrap_or_default());
+        let default_name = match adapters.first() {
+            Some(first) => first.name.clone(),
+            None => kev.adapters()[0].name().to_owned(),
         };
+        let kev = kev.with_default_names(&default_name, &names);
         let mut card = serde_json::Map::new();
         card.insert("name".into(), Value::String(CARD_NAME.into()));
         if let Value::Object(fields) = kev.card() {
             card.extend(fields);
         }
         Ok(Engine {
-            kev,
+            kev: Arc::new(kev),
+            names,
             card: text(&Value::Object(card)),
             pool,
         })
@@ -262,6 +306,9 @@ fn describe(source: &Source) -> String {
 #[pymodule]
 fn _kev(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
+    m.add_class::<server::Server>()?;
+    m.add_function(wrap_pyfunction!(route::route_key, m)?)?;
+    m.add_function(wrap_pyfunction!(server::error_answer, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -47,7 +47,10 @@ use serde_json::Value;
 pub use error::ApiError;
 pub use http::router;
 pub use kev_decide::{Need, Stats, Step};
+pub use pipeline::decode_request_body;
 pub use queue::LongLane;
+pub use state_ref::STATE_ID_FIELD;
+pub use wire::REQUEST_ID;
 
 /// A job the decider accepted, with the token count the queue budgets passes by.
 pub struct Admission<J> {
@@ -216,6 +219,10 @@ pub struct ServerConfig {
     pub min_body_rate: usize,
     /// How long a body may take before the rate floor applies.
     pub body_grace: Duration,
+    /// Put before every pinned-state id this server makes (empty for `kev serve`). A fleet front end names
+    /// the replica here, so that an id says which replica holds its pin (`kev.serve` routes by it); a
+    /// replica that does not hold the id answers the usual 404.
+    pub pin_id_prefix: String,
 }
 
 impl Default for ServerConfig {
@@ -242,6 +249,7 @@ impl Default for ServerConfig {
             metrics_key: None,
             min_body_rate: 16 << 10,
             body_grace: Duration::from_secs(1),
+            pin_id_prefix: String::new(),
         }
     }
 }

@@ -429,6 +429,18 @@ pub(crate) fn content_codings(headers: &HeaderMap) -> Result<Vec<Coding>, ApiErr
     Ok(out)
 }
 
+/// A request body as the decision routes read it: its `Content-Encoding` codings undone (415 for one the
+/// server does not decode, 400 for data that is not what it says, 413 past `limit`). For a front end that
+/// must look into a body before it reaches a server (`kev.serve` routes by the state it names) with the
+/// server's own reading of the header and the codings.
+pub fn decode_request_body(
+    headers: &HeaderMap,
+    raw: Vec<u8>,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    decode_body(raw, &content_codings(headers)?, limit)
+}
+
 /// Undo the codings, last applied first, each output held to `limit` bytes (413 past it, so a
 /// decompression bomb costs at most `limit` bytes of work per coding).
 pub(crate) fn decode_body(

@@ -51,7 +51,11 @@ pub(crate) async fn pin<D: Decider>(
     request: axum::extract::Request,
 ) -> Response {
     let route = Pin {
-        id: uuid::Uuid::new_v4().simple().to_string(),
+        id: format!(
+            "{}{}",
+            app.config.pin_id_prefix,
+            uuid::Uuid::new_v4().simple()
+        ),
         owner: owner_of(&request),
     };
     handle(app, route, request).await

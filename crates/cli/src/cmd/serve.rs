@@ -16,7 +16,7 @@ use kev_decide::ModelInfo;
 use kev_release::Release;
 use kev_server::ServerConfig;
 
-use crate::loading::{ServiceArgs, demo_release, load};
+use crate::loading::{ServiceArgs, load};
 use crate::model_args::ModelArgs;
 
 /// Serve the SystemOne HTTP API.
@@ -102,7 +102,7 @@ pub struct Args {
 
 pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     if args.demo {
-        let (base, kev) = demo_release()?;
+        let (base, kev) = kev_decide::demo_release()?;
         args.model.base = Some(base);
         args.model.kev = Some(kev);
     } else if args.model.model.is_none() && args.model.base.is_none() {
@@ -121,7 +121,7 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             ..info.clone()
         });
     }
-    let names = model_names(&info.base, args.demo, &args.aliases);
+    let names = kev_decide::served_names(&info.base, args.demo, &args.aliases);
     let default_name = kev.adapters()[0].name().to_owned();
     kev = kev.with_default_names(&default_name, &names);
     let config = ServerConfig {
@@ -170,23 +170,6 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(kev_server::serve(config, decider))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// What `/v1/models` lists: `kev-latest`, `jev-latest`, then the size from the base the head names
-/// (`kev-0.8b` on Qwen3.5-0.8B-Base; not for the demo's random weights), then the aliases.
-fn model_names(base: &str, demo: bool, aliases: &[String]) -> Vec<String> {
-    let mut names = vec!["kev-latest".to_string(), "jev-latest".to_string()];
-    if let Some(size) = kev_release::published::size_name(base)
-        && !demo
-    {
-        names.push(size);
-    }
-    for a in aliases {
-        if !a.is_empty() && !names.contains(a) {
-            names.push(a.clone());
-        }
-    }
-    names
 }
 
 fn api_key(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
@@ -245,31 +228,5 @@ fn default_model(release: Release, dir: Option<PathBuf>) -> anyhow::Result<PathB
             pins.name,
             dir.display()
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn models_name_the_size() {
-        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            model_names("Qwen/Qwen3.5-0.8B-Base", false, &[]),
-            v(&["kev-latest", "jev-latest", "kev-0.8b"])
-        );
-        assert_eq!(
-            model_names("Qwen/Qwen3.5-4B-Base", false, &v(&["kev-0.8b", "mine", ""])),
-            v(&["kev-latest", "jev-latest", "kev-4b", "kev-0.8b", "mine"])
-        );
-        assert_eq!(
-            model_names("Qwen/Qwen3.5-0.8B-Base", true, &[]),
-            v(&["kev-latest", "jev-latest"])
-        );
-        assert_eq!(
-            model_names("local/base", false, &v(&["kev-latest"])),
-            v(&["kev-latest", "jev-latest"])
-        );
     }
 }
