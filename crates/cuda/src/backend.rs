@@ -332,19 +332,7 @@ impl CudaBackend {
             unsafe { b.launch(cfg_l) }.map_err(dev_err)?;
         }
         *conv = hist;
-        // q at columns [0, kd), k at [kd, 2kd), v after: normalise q (scaled) and k in place.
-        for (off, scale) in [(0usize, 1.0 / (dk as f32).sqrt()), (kd, 1.0f32)] {
-            let (hi, di, rs, e) = (nk as i32, dk as i32, cd as i64, 1e-6f32);
-            let mut view = conv_o.slice_mut(off..);
-            let mut b = s.launch_builder(&self.f.l2_norm_heads);
-            b.arg(&mut view)
-                .arg(&hi)
-                .arg(&di)
-                .arg(&rs)
-                .arg(&e)
-                .arg(&scale);
-            unsafe { b.launch(grid(t * nk, 128)) }.map_err(dev_err)?;
-        }
+        self.qk_l2_norms(&mut conv_o, t)?;
         let mut g = self.alloc(t * nv)?;
         let mut beta = self.alloc(t * nv)?;
         {
@@ -397,6 +385,31 @@ impl CudaBackend {
             unsafe { b.launch(grid(t * nv, 128)) }.map_err(dev_err)?;
         }
         self.gemm(&y, out, t, delta)
+    }
+
+    /// The conv output's q (at columns `[0, kd)`, scaled) and k (at `[kd, 2kd)`) L2-normalised per head in
+    /// place; v after them is left.
+    fn qk_l2_norms(&self, conv_o: &mut CudaSlice<f32>, t: usize) -> Result<(), EngineError> {
+        let (s, cfg) = (self.dev.stream(), &self.cfg);
+        let (cd, nk, dk) = (
+            cfg.conv_dim(),
+            cfg.linear_num_key_heads,
+            cfg.linear_key_head_dim,
+        );
+        let kd = nk * dk;
+        for (off, scale) in [(0usize, 1.0 / (dk as f32).sqrt()), (kd, 1.0f32)] {
+            let (hi, di, rs, e) = (nk as i32, dk as i32, cd as i64, 1e-6f32);
+            let mut view = conv_o.slice_mut(off..);
+            let mut b = s.launch_builder(&self.f.l2_norm_heads);
+            b.arg(&mut view)
+                .arg(&hi)
+                .arg(&di)
+                .arg(&rs)
+                .arg(&e)
+                .arg(&scale);
+            unsafe { b.launch(grid(t * nk, 128)) }.map_err(dev_err)?;
+        }
+        Ok(())
     }
 
     /// A gated attention mixer over the row's `t` normed tokens `hn` at positions `pos0..`, its key/value
@@ -459,35 +472,8 @@ impl CudaBackend {
             b.arg(&ri).arg(&p0).arg(&theta).arg(&eps);
             unsafe { b.launch(grid(t * heads, 256)) }.map_err(dev_err)?;
         }
-        // The cache grows by copying: simple, and rows are short next to the weights.
+        let (k_new, v_new) = self.grow_kv((kc, vc), (&kr, &vv), (pos0, t))?;
         let len = pos0 + t;
-        let width = nkv * hd;
-        let mut k_new = self.alloc(len * width)?;
-        let mut v_new = self.alloc(len * width)?;
-        if let (Some(ko), Some(vo)) = (kc.as_ref(), vc.as_ref()) {
-            s.memcpy_dtod(
-                &ko.slice(0..pos0 * width),
-                &mut k_new.slice_mut(0..pos0 * width),
-            )
-            .map_err(dev_err)?;
-            s.memcpy_dtod(
-                &vo.slice(0..pos0 * width),
-                &mut v_new.slice_mut(0..pos0 * width),
-            )
-            .map_err(dev_err)?;
-        }
-        {
-            let (kvi, dii) = (nkv as i32, hd as i32);
-            let mut b = s.launch_builder(&self.f.kv_append);
-            b.arg(&kr)
-                .arg(&vv)
-                .arg(&mut k_new)
-                .arg(&mut v_new)
-                .arg(&p0)
-                .arg(&kvi)
-                .arg(&dii);
-            unsafe { b.launch(grid(t * nkv, hd as u32)) }.map_err(dev_err)?;
-        }
         let mut att = self.alloc(t * nh * hd)?;
         {
             let (hi, kvi, dii) = (nh as i32, nkv as i32, hd as i32);
@@ -527,6 +513,48 @@ impl CudaBackend {
         *kc = Some(k_new);
         *vc = Some(v_new);
         self.gemm(&att, o, t, delta)
+    }
+
+    /// This call's keys and values appended to a layer's cache, as new buffers: the cache grows by copying
+    /// (simple, and rows are short next to the weights).
+    fn grow_kv(
+        &self,
+        (kc, vc): (&Option<CudaSlice<f32>>, &Option<CudaSlice<f32>>),
+        (kr, vv): (&CudaSlice<f32>, &CudaSlice<f32>),
+        (pos0, t): (usize, usize),
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>), EngineError> {
+        let (s, cfg) = (self.dev.stream(), &self.cfg);
+        let (nkv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        let p0 = pos0 as i64;
+        let len = pos0 + t;
+        let width = nkv * hd;
+        let mut k_new = self.alloc(len * width)?;
+        let mut v_new = self.alloc(len * width)?;
+        if let (Some(ko), Some(vo)) = (kc.as_ref(), vc.as_ref()) {
+            s.memcpy_dtod(
+                &ko.slice(0..pos0 * width),
+                &mut k_new.slice_mut(0..pos0 * width),
+            )
+            .map_err(dev_err)?;
+            s.memcpy_dtod(
+                &vo.slice(0..pos0 * width),
+                &mut v_new.slice_mut(0..pos0 * width),
+            )
+            .map_err(dev_err)?;
+        }
+        {
+            let (kvi, dii) = (nkv as i32, hd as i32);
+            let mut b = s.launch_builder(&self.f.kv_append);
+            b.arg(kr)
+                .arg(vv)
+                .arg(&mut k_new)
+                .arg(&mut v_new)
+                .arg(&p0)
+                .arg(&kvi)
+                .arg(&dii);
+            unsafe { b.launch(grid(t * nkv, hd as u32)) }.map_err(dev_err)?;
+        }
+        Ok((k_new, v_new))
     }
 
     /// The MLP half's product of the row's `t` tokens of `x` into `delta` (`hn` its scratch).

@@ -10,6 +10,7 @@
 //! that formula (DoRA, rsLoRA, per-module rank or alpha, trained biases, transposed weights, extra
 //! trained modules, initialisations that rewrite the base, …) is refused with the field named.
 
+use crate::FileError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -38,22 +39,9 @@ const KEY_PREFIX: &str = "base_model.model.";
 /// Errors while reading or mapping an adapter.
 #[derive(Debug, thiserror::Error)]
 pub enum AdapterError {
-    /// A file could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// `adapter_config.json` is not valid JSON or lacks a required field.
-    #[error("{path}: {message}")]
-    Config {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    /// A file could not be read or written, or holds what it must not.
+    #[error(transparent)]
+    File(#[from] crate::FileError),
     /// The configuration asks for something the exact merge cannot do.
     #[error("adapter_config.json: {field} = {value} is not supported: {why}")]
     Unsupported {
@@ -164,24 +152,28 @@ const HARMLESS_FIELDS: [&str; 27] = [
 impl AdapterConfig {
     /// Parse and check `adapter_config.json`.
     pub fn from_file(path: &Path) -> Result<Self, AdapterError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AdapterError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| FileError::Io {
             path: path.to_path_buf(),
             source,
         })?;
         Self::from_json(&text).map_err(|e| match e {
-            AdapterError::Config { message, .. } => AdapterError::Config {
+            AdapterError::File(FileError::Format { message, .. }) => FileError::Format {
                 path: path.to_path_buf(),
                 message,
-            },
+            }
+            .into(),
             other => other,
         })
     }
 
     /// Parse and check the text of `adapter_config.json`.
     pub fn from_json(text: &str) -> Result<Self, AdapterError> {
-        let config_err = |message: String| AdapterError::Config {
-            path: PathBuf::from("adapter_config.json"),
-            message,
+        let config_err = |message: String| -> AdapterError {
+            FileError::Format {
+                path: PathBuf::from("adapter_config.json"),
+                message,
+            }
+            .into()
         };
         let raw: serde_json::Value =
             serde_json::from_str(text).map_err(|e| config_err(e.to_string()))?;
@@ -405,7 +397,7 @@ impl Adapter {
         weights: &TensorStore,
         base: &TensorStore,
     ) -> Result<Self, AdapterError> {
-        let r = usize::try_from(config.r).map_err(|_| AdapterError::Config {
+        let r = usize::try_from(config.r).map_err(|_| FileError::Format {
             path: PathBuf::from("adapter_config.json"),
             message: "r too large".into(),
         })?;

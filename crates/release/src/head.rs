@@ -6,6 +6,7 @@
 //! `q.weight`, `q.bias`, `k.weight`, `k.bias`, fp32). The archive holds `<name>/data.pkl` (a pickle whose
 //! tensors point at storages by key) and one `<name>/data/<key>` entry per storage.
 
+use crate::FileError;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,22 +25,9 @@ pub const HEAD_FORMAT_VERSION: u32 = 1;
 /// Errors while reading or writing the head.
 #[derive(Debug, thiserror::Error)]
 pub enum HeadError {
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The zip archive is unreadable or lacks an entry.
-    #[error("{path}: {message}")]
-    Archive {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    /// A file could not be read or written, or holds what it must not.
+    #[error(transparent)]
+    File(#[from] crate::FileError),
     /// The pickle could not be read.
     #[error("{path}: {source}")]
     Pickle {
@@ -47,14 +35,6 @@ pub enum HeadError {
         path: PathBuf,
         /// The cause.
         source: pickle::PickleError,
-    },
-    /// The content is not a Kev head (missing key, wrong type or shape).
-    #[error("{path}: {message}")]
-    Content {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
     },
 }
 
@@ -135,24 +115,28 @@ impl KevHead {
         if dir.join(HEAD_JSON).is_file() {
             return Ok((PreparedHead::read(dir)?.head, dir.join(HEAD_SAFETENSORS)));
         }
-        Err(HeadError::Io {
+        Err(FileError::Io {
             path: pt,
             source: std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 format!("no head: neither head.pt nor {HEAD_JSON} is in the directory"),
             ),
-        })
+        }
+        .into())
     }
 
     /// Read `head.pt`.
     pub fn read_pt(path: &Path) -> Result<Self, HeadError> {
-        let file = std::fs::File::open(path).map_err(|source| HeadError::Io {
+        let file = std::fs::File::open(path).map_err(|source| FileError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let archive_err = |message: String| HeadError::Archive {
-            path: path.to_path_buf(),
-            message,
+        let archive_err = |message: String| -> HeadError {
+            FileError::Format {
+                path: path.to_path_buf(),
+                message,
+            }
+            .into()
         };
         let mut zip = zip::ZipArchive::new(file).map_err(|e| archive_err(e.to_string()))?;
         let pkl_name = zip
@@ -174,9 +158,12 @@ impl KevHead {
             path: path.to_path_buf(),
             source,
         })?;
-        let content = |message: String| HeadError::Content {
-            path: path.to_path_buf(),
-            message,
+        let content = |message: String| -> HeadError {
+            FileError::Format {
+                path: path.to_path_buf(),
+                message,
+            }
+            .into()
         };
         if !matches!(root, Value::Dict(_)) {
             return Err(content("the top-level object is not a dict".into()));
@@ -279,9 +266,12 @@ impl KevHead {
         ) -> Result<safetensors::tensor::TensorView<'_>, safetensors::SafeTensorError> {
             safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, data)
         }
-        let content = |message: String| HeadError::Content {
-            path: st_path.clone(),
-            message,
+        let content = |message: String| -> HeadError {
+            FileError::Format {
+                path: st_path.clone(),
+                message,
+            }
+            .into()
         };
         let (o, i) = (self.q.out_features, self.q.in_features);
         let views = vec![
@@ -305,7 +295,7 @@ impl KevHead {
         ];
         let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
         let data = safetensors::serialize(views, Some(meta)).map_err(|e| content(e.to_string()))?;
-        std::fs::write(&st_path, data).map_err(|source| HeadError::Io {
+        std::fs::write(&st_path, data).map_err(|source| FileError::Io {
             path: st_path.clone(),
             source,
         })?;
@@ -322,12 +312,12 @@ impl KevHead {
             provenance: provenance.clone(),
         };
         let path = dir.join(HEAD_JSON);
-        let mut text = serde_json::to_string_pretty(&json).map_err(|e| HeadError::Content {
+        let mut text = serde_json::to_string_pretty(&json).map_err(|e| FileError::Format {
             path: path.clone(),
             message: e.to_string(),
         })?;
         text.push('\n');
-        std::fs::write(&path, text).map_err(|source| HeadError::Io { path, source })
+        std::fs::write(&path, text).map_err(|source| FileError::Io { path, source }.into())
     }
 }
 
@@ -419,13 +409,16 @@ impl Delimiters {
 
     /// Look the delimiter tokens up in a `tokenizer.json`'s `added_tokens`.
     pub fn from_tokenizer_json(path: &Path) -> Result<Self, HeadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| HeadError::Io {
+        let text = std::fs::read_to_string(path).map_err(|source| FileError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let content = |message: String| HeadError::Content {
-            path: path.to_path_buf(),
-            message,
+        let content = |message: String| -> HeadError {
+            FileError::Format {
+                path: path.to_path_buf(),
+                message,
+            }
+            .into()
         };
         // Only the added-token list is read; serde skips the 10 MB vocabulary without building it.
         #[derive(Deserialize)]
@@ -500,13 +493,16 @@ impl PreparedHead {
     /// Read `kev_head.json` + `head.safetensors` from a prepared directory.
     pub fn read(dir: &Path) -> Result<Self, HeadError> {
         let path = dir.join(HEAD_JSON);
-        let text = std::fs::read_to_string(&path).map_err(|source| HeadError::Io {
+        let text = std::fs::read_to_string(&path).map_err(|source| FileError::Io {
             path: path.clone(),
             source,
         })?;
-        let content = |p: &Path, message: String| HeadError::Content {
-            path: p.to_path_buf(),
-            message,
+        let content = |p: &Path, message: String| -> HeadError {
+            FileError::Format {
+                path: p.to_path_buf(),
+                message,
+            }
+            .into()
         };
         let json: HeadJson =
             serde_json::from_str(&text).map_err(|e| content(&path, e.to_string()))?;
@@ -517,7 +513,7 @@ impl PreparedHead {
             ));
         }
         let st_path = dir.join(&json.weights);
-        let data = std::fs::read(&st_path).map_err(|source| HeadError::Io {
+        let data = std::fs::read(&st_path).map_err(|source| FileError::Io {
             path: st_path.clone(),
             source,
         })?;

@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod adapter;
+mod file_error;
 pub mod head;
 pub mod manifest;
 pub mod merge;
@@ -20,6 +21,8 @@ pub mod pickle;
 pub mod published;
 pub mod shards;
 pub mod stream;
+
+pub use file_error::FileError;
 
 pub use adapter::{Adapter, AdapterConfig, AdapterError, LoraWeights};
 pub use head::{Delimiters, HeadError, HeadMeta, HeadProvenance, KevHead, Linear, PreparedHead};

@@ -5,6 +5,7 @@
 //! [`FileHashes`] computes both (and the size) in one streaming pass, so checking a pin and recording
 //! the sha256 for the manifest cost one read of the file.
 
+use crate::FileError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -20,22 +21,9 @@ pub use pins::{PinCheck, PinnedFile, ReleasePins, RepoPin};
 /// Errors from digests, pins and manifests.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    /// A file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A JSON file could not be parsed or has the wrong shape.
-    #[error("{path}: {message}")]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    /// A file could not be read or written, or holds what it must not.
+    #[error(transparent)]
+    File(#[from] crate::FileError),
     /// The manifest's format version is not one this build reads.
     #[error(
         "{path}: manifest format version {found} is not supported (this kev reads version {MANIFEST_FORMAT_VERSION})"
@@ -49,9 +37,12 @@ pub enum ManifestError {
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ManifestError + '_ {
-    move |source| ManifestError::Io {
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        FileError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+        .into()
     }
 }
 
@@ -135,7 +126,7 @@ impl Manifest {
     /// Write `manifest.json` into `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), ManifestError> {
         let path = dir.join(MANIFEST_FILE);
-        let mut text = serde_json::to_string_pretty(self).map_err(|e| ManifestError::Format {
+        let mut text = serde_json::to_string_pretty(self).map_err(|e| FileError::Format {
             path: path.clone(),
             message: e.to_string(),
         })?;
@@ -148,14 +139,14 @@ impl Manifest {
         let path = dir.join(MANIFEST_FILE);
         let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
         let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ManifestError::Format {
+            serde_json::from_str(&text).map_err(|e| FileError::Format {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
         let found = value
             .get("format_version")
             .and_then(|v| v.as_u64())
-            .ok_or_else(|| ManifestError::Format {
+            .ok_or_else(|| FileError::Format {
                 path: path.clone(),
                 message: "no format_version".into(),
             })?;
@@ -165,9 +156,12 @@ impl Manifest {
                 found: u32::try_from(found).unwrap_or(u32::MAX),
             });
         }
-        serde_json::from_value(value).map_err(|e| ManifestError::Format {
-            path,
-            message: e.to_string(),
+        serde_json::from_value(value).map_err(|e| {
+            FileError::Format {
+                path,
+                message: e.to_string(),
+            }
+            .into()
         })
     }
 }

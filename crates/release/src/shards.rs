@@ -8,6 +8,7 @@
 //! `model.language_model.` (published composite checkpoints), `model.` (`Qwen3_5ForCausalLM`) or no prefix
 //! (`Qwen3_5TextModel`); [`TensorStore::text_prefix`] finds which one a store uses, once, at load.
 
+use crate::FileError;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -19,22 +20,9 @@ use safetensors::SafeTensors;
 /// Errors while reading safetensors stores.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
-    /// A file could not be opened or mapped.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A safetensors header or the index could not be parsed.
-    #[error("{path}: {message}")]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    /// A file could not be read or written, or holds what it must not.
+    #[error(transparent)]
+    File(#[from] crate::FileError),
     /// The directory holds no safetensors checkpoint.
     #[error("{0}: no model.safetensors.index.json, model.safetensors or *.safetensors found")]
     NoCheckpoint(PathBuf),
@@ -171,25 +159,25 @@ impl TensorStore {
     pub fn open(dir: &Path) -> Result<Self, ShardError> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index.is_file() {
-            let text = std::fs::read_to_string(&index).map_err(|source| ShardError::Io {
+            let text = std::fs::read_to_string(&index).map_err(|source| FileError::Io {
                 path: index.clone(),
                 source,
             })?;
             let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| ShardError::Format {
+                serde_json::from_str(&text).map_err(|e| FileError::Format {
                     path: index.clone(),
                     message: e.to_string(),
                 })?;
             let map = json
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| ShardError::Format {
+                .ok_or_else(|| FileError::Format {
                     path: index.clone(),
                     message: "no weight_map object".into(),
                 })?;
             let mut names: Vec<String> = Vec::new();
             for v in map.values() {
-                let f = v.as_str().ok_or_else(|| ShardError::Format {
+                let f = v.as_str().ok_or_else(|| FileError::Format {
                     path: index.clone(),
                     message: "weight_map values must be file names".into(),
                 })?;
@@ -202,7 +190,7 @@ impl TensorStore {
         } else if dir.join("model.safetensors").is_file() {
             vec![dir.join("model.safetensors")]
         } else {
-            let rd = std::fs::read_dir(dir).map_err(|source| ShardError::Io {
+            let rd = std::fs::read_dir(dir).map_err(|source| FileError::Io {
                 path: dir.to_path_buf(),
                 source,
             })?;
@@ -224,18 +212,18 @@ impl TensorStore {
         let mut files = Vec::with_capacity(paths.len());
         let mut tensors = BTreeMap::new();
         for (fi, path) in paths.iter().enumerate() {
-            let file = File::open(path).map_err(|source| ShardError::Io {
+            let file = File::open(path).map_err(|source| FileError::Io {
                 path: path.clone(),
                 source,
             })?;
             // SAFETY: the checkpoint is treated as immutable while the store lives; a concurrent writer
             // would be a user error that we cannot guard against with any file API.
-            let map = unsafe { Mmap::map(&file) }.map_err(|source| ShardError::Io {
+            let map = unsafe { Mmap::map(&file) }.map_err(|source| FileError::Io {
                 path: path.clone(),
                 source,
             })?;
             let (header_len, meta) =
-                SafeTensors::read_metadata(&map).map_err(|e| ShardError::Format {
+                SafeTensors::read_metadata(&map).map_err(|e| FileError::Format {
                     path: path.clone(),
                     message: e.to_string(),
                 })?;

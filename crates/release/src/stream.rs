@@ -7,6 +7,7 @@
 //! does: tensors sorted by descending dtype, then name; the header JSON from the library's own
 //! `Metadata` serializer; padded with spaces to a multiple of 8.
 
+use crate::FileError;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
@@ -18,26 +19,8 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use crate::manifest::HashingWriter;
 use crate::shards::Dtype;
 
-/// Errors of the streaming reader and writer.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamError {
-    /// I/O on a file.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A header that is not valid safetensors, or a writer used out of plan.
-    #[error("{path}: {message}")]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-}
+/// What a streamed write or read of a safetensors file can hit: its file's error.
+pub type StreamError = crate::FileError;
 
 /// Name, dtype, shape and byte range (relative to the data section) of a stored tensor.
 #[derive(Debug, Clone)]
@@ -77,11 +60,11 @@ pub struct SafetensorsFile {
 impl SafetensorsFile {
     /// Open a file and parse its header (the data section is not read).
     pub fn open(path: &Path) -> Result<Self, StreamError> {
-        let io = |source| StreamError::Io {
+        let io = |source| FileError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let format = |message: String| StreamError::Format {
+        let format = |message: String| FileError::Format {
             path: path.to_path_buf(),
             message,
         };
@@ -151,7 +134,7 @@ impl SafetensorsFile {
         let mut buf = vec![0u8; t.len as usize];
         self.file
             .read_exact_at(&mut buf, t.start)
-            .map_err(|source| StreamError::Io {
+            .map_err(|source| FileError::Io {
                 path: self.path.clone(),
                 source,
             })?;
@@ -160,7 +143,7 @@ impl SafetensorsFile {
 
     /// Copy a tensor's bytes into a writer in 8 MiB pieces.
     pub fn copy_to(&self, t: &StoredTensor, out: &mut impl Write) -> Result<(), StreamError> {
-        let io = |source| StreamError::Io {
+        let io = |source| FileError::Io {
             path: self.path.clone(),
             source,
         };
@@ -232,7 +215,7 @@ impl SafetensorsWriter {
         tensors: Vec<PlannedTensor>,
         metadata: Option<HashMap<String, String>>,
     ) -> Result<Self, StreamError> {
-        let format = |message: String| StreamError::Format {
+        let format = |message: String| FileError::Format {
             path: path.to_path_buf(),
             message,
         };
@@ -261,12 +244,12 @@ impl SafetensorsWriter {
             .map_err(|e| format(e.to_string()))?
             .into_bytes();
         header.resize(header.len().next_multiple_of(8), b' ');
-        let file = File::create(path).map_err(|source| StreamError::Io {
+        let file = File::create(path).map_err(|source| FileError::Io {
             path: path.to_path_buf(),
             source,
         })?;
         let mut out = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
-        let io = |source| StreamError::Io {
+        let io = |source| FileError::Io {
             path: path.to_path_buf(),
             source,
         };
@@ -297,7 +280,7 @@ impl SafetensorsWriter {
         name: &str,
         f: impl FnOnce(&mut dyn Write) -> Result<(), String>,
     ) -> Result<(), StreamError> {
-        let format = |message: String| StreamError::Format {
+        let format = |message: String| FileError::Format {
             path: self.path.clone(),
             message,
         };
@@ -322,13 +305,13 @@ impl SafetensorsWriter {
     /// Flush, sync and return the file's size and sha256; fails if a tensor is missing.
     pub fn finish(self) -> Result<WrittenFile, StreamError> {
         if self.next != self.order.len() {
-            return Err(StreamError::Format {
+            return Err(FileError::Format {
                 path: self.path.clone(),
                 message: format!("{} of {} tensors written", self.next, self.order.len()),
             });
         }
         let (buf, size, sha256) = self.out.finish();
-        let io = |source| StreamError::Io {
+        let io = |source| FileError::Io {
             path: self.path.clone(),
             source,
         };

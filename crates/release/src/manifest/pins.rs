@@ -1,6 +1,7 @@
 //! Release pins: per repository, the revision and every file's size and digest, and checking files
 //! against them.
 
+use crate::FileError;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -106,7 +107,7 @@ impl ReleasePins {
     /// Read pins from a JSON file (the shape [`ReleasePins::to_json`] writes).
     pub fn from_json_file(path: &Path) -> Result<Self, ManifestError> {
         let text = std::fs::read_to_string(path).map_err(io_err(path))?;
-        let pins: ReleasePins = serde_json::from_str(&text).map_err(|e| ManifestError::Format {
+        let pins: ReleasePins = serde_json::from_str(&text).map_err(|e| FileError::Format {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
@@ -117,13 +118,14 @@ impl ReleasePins {
                     DigestKind::GitSha1 => 40,
                 };
                 if f.digest.len() != want || !f.digest.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(ManifestError::Format {
+                    return Err(FileError::Format {
                         path: path.to_path_buf(),
                         message: format!(
                             "{}:{}: {} digest must be {want} hex digits",
                             repo.repo, f.name, f.kind
                         ),
-                    });
+                    }
+                    .into());
                 }
             }
         }
