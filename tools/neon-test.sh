@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The engine's kernel unit tests on aarch64 NEON: cross-compiled for aarch64-unknown-linux-gnu and run
+# The kernels' unit tests (kev-kernels, and the engine's GDN chunk) on aarch64 NEON: cross-compiled for aarch64-unknown-linux-gnu and run
 # under qemu-user, so the NEON instantiation of every generic kernel is executed, not only compiled.
 # Installs what it needs (rustup's aarch64 std, Debian's cross gcc and qemu-user) when it is missing;
 # where that cannot be done it prints `skipped: …` and exits 0 (a skip is never counted as a pass).
@@ -22,6 +22,7 @@ if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/
 fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-# The lib's unit tests: every kernel (GEMM, matrix product, vector math, the Simd core, the GDN chunk)
-# against plain arithmetic, on Scalar and NEON.
-exec cargo test --locked --target "$target" -p kev-engine --lib -- kernels:: gdn::
+# Every kernel (GEMM, matrix product, vector math, the Simd core, the peak loops) against plain arithmetic,
+# on Scalar and NEON, then the engine's GDN chunk the same way.
+cargo test --locked --target "$target" -p kev-kernels --features peak --lib || exit 1
+exec cargo test --locked --target "$target" -p kev-engine --lib -- gdn::

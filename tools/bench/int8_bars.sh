@@ -71,7 +71,7 @@ for s in "${schedules[@]}"; do
     env_s=()
     [[ $s != default ]] && env_s=(KEV_AMX_NEXT_PANEL="$s")
     env "${env_s[@]}" KEV_BENCH_ARMS="$float,int8" KEV_BENCH_M="$ms" \
-        cargo bench --locked -p kev-engine --bench gemm > "$out/gemm-$s.txt" 2>&1
+        cargo bench --locked -p kev-kernels --features peak --bench gemm > "$out/gemm-$s.txt" 2>&1
     say "### next-panel schedule: $s"
     grep -v -E '^\s*(Compiling|Finished|Running)' "$out/gemm-$s.txt" | tail -25 | note
 done

@@ -155,10 +155,6 @@ pub struct PackedMatrix {
     k: usize,
     kp: usize,
     store: Store,
-    /// The int8 arm's form of the same weights, quantised on first use.
-    int8: std::sync::OnceLock<super::int8::PackedInt8>,
-    /// The float storage was dropped for the int8 form ([`PackedMatrix::drop_float`]).
-    float_dropped: bool,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -223,29 +219,6 @@ impl PackedMatrix {
             k,
             kp,
             store,
-            int8: std::sync::OnceLock::new(),
-            float_dropped: false,
-        }
-    }
-
-    /// A matrix held only in its int8 form, built without a float copy (the int8 loads): only the int8
-    /// arm may use it, as after [`PackedMatrix::drop_float`].
-    pub fn int8_only(q: super::int8::PackedInt8) -> Self {
-        let m = Self::int8_pending(q.n(), q.k());
-        m.set_int8(q);
-        m
-    }
-
-    /// A `[n, k]` matrix whose int8 form is installed next ([`PackedMatrix::set_int8`], from a stored
-    /// form) and which never had a float copy: nothing but the int8 arm, once installed, may use it.
-    pub fn int8_pending(n: usize, k: usize) -> Self {
-        PackedMatrix {
-            n,
-            k,
-            kp: k.div_ceil(2),
-            store: Store::Bf16(AlignedBuf::zeroed(0)),
-            int8: std::sync::OnceLock::new(),
-            float_dropped: true,
         }
     }
 
@@ -291,71 +264,6 @@ impl PackedMatrix {
             Store::Bf16(d) => d.len() * 2,
             Store::F32(d) => d.len() * 4,
         }
-    }
-
-    /// The weights quantised for the int8 arm (built on the first call, then kept).
-    pub fn int8(&self) -> &super::int8::PackedInt8 {
-        self.int8
-            .get_or_init(|| self.quantised(None, super::int8::WeightQuant::default()))
-    }
-
-    /// The weights quantised for the int8 arm (optionally smoothed by `smooth`, the rows as `quant` says),
-    /// read back from the panels: what [`PackedMatrix::int8`] builds, and what calibration re-quantises.
-    pub fn quantised(
-        &self,
-        smooth: Option<&[f32]>,
-        quant: super::int8::WeightQuant,
-    ) -> super::int8::PackedInt8 {
-        super::int8::PackedInt8::from_rows_opts(
-            self.n,
-            self.k,
-            |r, out| {
-                for (c, o) in out.iter_mut().enumerate() {
-                    *o = self.get(r, c);
-                }
-            },
-            smooth,
-            quant,
-        )
-    }
-
-    /// Install an int8 form built otherwise (smoothed, or stored): only before the first int8 use.
-    /// Returns whether it was installed.
-    pub fn set_int8(&self, q: super::int8::PackedInt8) -> bool {
-        assert_eq!(
-            (q.n(), q.k()),
-            (self.n, self.k),
-            "int8 form of another shape"
-        );
-        self.int8.set(q).is_ok()
-    }
-
-    /// The int8 form, if it has been built.
-    pub fn int8_built(&self) -> Option<&super::int8::PackedInt8> {
-        self.int8.get()
-    }
-
-    /// Free the BF16/F32 storage, keeping the int8 form (which must be built): afterwards only the int8
-    /// arm may use this matrix. Returns the bytes freed.
-    pub fn drop_float(&mut self) -> usize {
-        assert!(self.int8.get().is_some(), "drop_float without an int8 form");
-        let freed = self.bytes();
-        self.store = match self.store {
-            Store::Bf16(_) => Store::Bf16(AlignedBuf::zeroed(0)),
-            Store::F32(_) => Store::F32(AlignedBuf::zeroed(0)),
-        };
-        self.float_dropped = true;
-        freed
-    }
-
-    /// Whether [`PackedMatrix::drop_float`] ran.
-    pub fn float_dropped(&self) -> bool {
-        self.float_dropped
-    }
-
-    /// Bytes of the int8 form, if it has been built.
-    pub fn int8_bytes(&self) -> usize {
-        self.int8.get().map_or(0, |q| q.bytes())
     }
 
     pub(crate) fn store(&self) -> &Store {

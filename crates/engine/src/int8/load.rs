@@ -108,7 +108,7 @@ impl Backbone {
     }
 
     /// An observer of this model's projection inputs, for the forwards of an int8 calibration
-    /// ([`crate::CpuBackend::observed`], [`Backbone::forward_batch_observed`]); read it back with
+    /// ([`crate::CpuBackend::observed`], [`Backbone::forward_batch_with`]); read it back with
     /// [`Backbone::activation_ranges`].
     pub fn activation_observer(&self) -> ActivationObserver {
         let mut ranges: Vec<(usize, Mutex<Vec<f32>>)> = self
