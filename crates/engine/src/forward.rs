@@ -5,10 +5,9 @@ use rayon::prelude::*;
 
 use crate::error::EngineError;
 use crate::kernels::{Arm, SafePoint};
-use crate::model::layer::{Acts, MLP_ROWS};
 use crate::model::observe::Observe;
 use crate::model::{ActivationObserver, Backbone};
-use crate::pass::{BatchRow, Pass, Stack, check_row, rms_norm_rows};
+use crate::pass::{Acts, BatchRow, MLP_ROWS, Pass, Stack, check_row, rms_norm_rows};
 use crate::pause::Lanes;
 use crate::scratch::{Workspace, grow};
 use crate::stages::{Clock, Stage, StageTimes};

@@ -12,6 +12,7 @@ use crate::config::Qwen35Config;
 use crate::error::EngineError;
 use crate::kernels::{Arm, Kernels, Run, SafePoint, math, wide};
 use crate::model::observe::Observe;
+use crate::scratch::{AttnScratch, GdnScratch};
 use crate::stages::{Clock, Stage};
 use crate::state::{LayerState, State};
 
@@ -224,3 +225,29 @@ pub(crate) fn add_rows(x: &mut [f32], d: &[f32]) {
             }
         });
 }
+
+/// A pass's activation buffers, each with room for the pass's rows.
+pub(crate) struct Acts<'w> {
+    /// The residual stream, `[rows, hidden]`.
+    pub x: &'w mut [f32],
+    /// A normed copy of `x`.
+    pub hn: &'w mut [f32],
+    /// The mixer's input projection (and, past the last mixer, the wanted rows of its output).
+    pub proj: &'w mut [f32],
+    /// The mixer's output, the input of its out projection, `ldc` apart.
+    pub core: &'w mut [f32],
+    pub ldc: usize,
+    /// An out projection's rows, `[rows, hidden]`.
+    pub out: &'w mut [f32],
+    /// The MLP's fused gate/up output and activation, [`MLP_ROWS`] rows at most.
+    pub gu: &'w mut [f32],
+    pub act: &'w mut [f32],
+    pub gdn: &'w mut GdnScratch,
+    pub attn: &'w mut AttnScratch,
+}
+
+/// Rows per pass of the MLP half: four of the GEMM's 264-row passes, 176 whole 6-row groups, so a pass
+/// boundary splits no group (and costs no partial pass) on any kernel. The gate/up output and the
+/// activation are the widest buffers of a forward (7.2× and 3.6× the hidden width on the 4B): filled this
+/// many rows at a time, an 8,192-token row needs 0.9 GB less, and every row's values are the same bits.
+pub(crate) const MLP_ROWS: usize = 1056;

@@ -214,12 +214,7 @@ impl PackedMatrix {
                 });
             Store::F32(data)
         };
-        PackedMatrix {
-            n,
-            k,
-            kp,
-            store,
-        }
+        PackedMatrix { n, k, kp, store }
     }
 
     /// Pack a row-major `[n, k]` f32 matrix (BF16 storage when every value is a bf16).

@@ -8,8 +8,7 @@ use crate::gdn::Gdn;
 use crate::kernels::{Rows, RowsMut, math};
 use crate::model::linear::Linear;
 use crate::model::observe::ProjectionKind;
-use crate::pass::{Pass, Stack, add_rows, rms_norm_rows};
-use crate::scratch::{AttnScratch, GdnScratch};
+use crate::pass::{Acts, MLP_ROWS, Pass, Stack, add_rows, rms_norm_rows};
 use crate::stages::Stage;
 
 /// One decoder layer.
@@ -37,32 +36,6 @@ pub(crate) struct Mlp {
     pub gate_up: Linear,
     pub down: Linear,
 }
-
-/// A pass's activation buffers, each with room for the pass's rows.
-pub(crate) struct Acts<'w> {
-    /// The residual stream, `[rows, hidden]`.
-    pub x: &'w mut [f32],
-    /// A normed copy of `x`.
-    pub hn: &'w mut [f32],
-    /// The mixer's input projection (and, past the last mixer, the wanted rows of its output).
-    pub proj: &'w mut [f32],
-    /// The mixer's output, the input of its out projection, `ldc` apart.
-    pub core: &'w mut [f32],
-    pub ldc: usize,
-    /// An out projection's rows, `[rows, hidden]`.
-    pub out: &'w mut [f32],
-    /// The MLP's fused gate/up output and activation, [`MLP_ROWS`] rows at most.
-    pub gu: &'w mut [f32],
-    pub act: &'w mut [f32],
-    pub gdn: &'w mut GdnScratch,
-    pub attn: &'w mut AttnScratch,
-}
-
-/// Rows per pass of the MLP half: four of the GEMM's 264-row passes, 176 whole 6-row groups, so a pass
-/// boundary splits no group (and costs no partial pass) on any kernel. The gate/up output and the
-/// activation are the widest buffers of a forward (7.2× and 3.6× the hidden width on the 4B): filled this
-/// many rows at a time, an 8,192-token row needs 0.9 GB less, and every row's values are the same bits.
-pub(crate) const MLP_ROWS: usize = 1056;
 
 impl Layer {
     /// Its four projections with their kinds: mixer in, mixer out, MLP gate/up, MLP down.
