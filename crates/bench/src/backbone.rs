@@ -9,23 +9,20 @@
 //! peer as its own subprocess. The token rows are prefixes of the shared bench stream (`peers::bench_ids`), so
 //! torch times exactly our ids; llama-bench draws its own (prompt processing costs the same for any ids).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use kev_engine::kernels::Isa;
-use kev_engine::{
-    Arm, Backbone, Int8Plan, Int8Source, Kernels, Qwen35Config, Stage, StageTimes, memory,
-};
+use kev_engine::{Arm, Backbone, Kernels, Qwen35Config, Stage, StageTimes, memory};
 use kev_kernels::peak;
 use kev_kernels::peak::process_cpu_seconds;
 use serde::Serialize;
 
-use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, Quant, TorchDtype};
+use super::peers::{self, BackboneRun, Fork, ORDINARY_VOCAB, PeerEnv, Quant, TorchDtype};
 use super::{
-    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, gib, median, peer_caps,
-    peer_env, print_bars, secs, speedup, times, write_json,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, gib, int8_from_float,
+    load_backbone, median, peer_caps, peer_env, print_bars, secs, speedup, times, write_json,
 };
 
 mod bars;
@@ -232,7 +229,7 @@ fn llama_runs(choice: PeerChoice) -> Vec<(Fork, Quant, &'static str)> {
             Quant::Q8_0,
             "llama.cpp q8_0",
         ),
-        (choice.ik_llama, Fork::Ik, Quant::F16, "ik_llama.cpp f16"),
+        (choice.ik_f16, Fork::Ik, Quant::F16, "ik_llama.cpp f16"),
         (choice.ik_llama, Fork::Ik, Quant::Q8_0, "ik_llama.cpp q8_0"),
         (
             choice.ik_llama,
@@ -245,6 +242,16 @@ fn llama_runs(choice: PeerChoice) -> Vec<(Fork, Quant, &'static str)> {
     .filter(|r| r.0)
     .map(|(_, fork, quant, name)| (fork, quant, name))
     .collect()
+}
+
+/// What timing our rows and running the peers share: the options, the weights' directory, the model's shape,
+/// the machine peak and the token rows.
+struct Bench<'a> {
+    a: &'a Options,
+    dir: &'a Path,
+    cfg: &'a Qwen35Config,
+    pk: Option<&'a peak::Peak>,
+    rows_ids: &'a [Vec<u32>],
 }
 
 /// Run the benchmark: print its tables and write its JSON.
@@ -260,18 +267,10 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     opts.kernels = Some(kern);
     let mut machine = Machine::now(kern.isa().name().to_string());
 
-    // Ours first; the model is dropped at the end of this block.
-    // The int8 arm alone is loaded as `kev serve --precision int8` loads it (each layer quantised by the
-    // rule as it is packed, no float projection made), so the peak RSS is what that arm holds; with other
-    // arms the int8 model is made from the float one once they have run (its float panels dropped).
+    // Ours first; the model is dropped once our rows are timed.
     let int8_only = arms == [Arm::Int8];
     let t = Instant::now();
-    let loaded = if int8_only {
-        Backbone::load_quantised(&dir, &opts, Int8Source::Rule(&Int8Plan::default()))
-    } else {
-        Backbone::load(&dir, &opts)
-    };
-    let mut model = Arc::new(loaded.with_context(|| format!("loading {}", dir.display()))?);
+    let model = load_backbone(&dir, &opts, int8_only)?;
     let load_s = t.elapsed().as_secs_f64();
     let rss_after_load = gib(memory::resident_bytes());
     eprintln!(
@@ -288,87 +287,14 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         .iter()
         .map(|&n| peers::bench_ids(n, a.seed, vocab))
         .collect();
-    // The float arms first, then the int8 arm on the int8 model made from the float one: each row's peak
-    // RSS is that of its own arm's weights.
-    let (first, beside): (Vec<Arm>, Vec<Arm>) =
-        arms.iter().partition(|&&arm| arm != Arm::Int8 || int8_only);
-    let mut rows = Vec::new();
-    for (phase, arms_now) in [first, beside].into_iter().enumerate() {
-        if phase == 1 && !arms_now.is_empty() {
-            let t = Instant::now();
-            // Nothing shares the model: the float arms ran on a borrowed one.
-            let float = Arc::try_unwrap(model).map_err(|_| {
-                anyhow::anyhow!("the model is shared before its int8 form is built")
-            })?;
-            model = Arc::new(float.quantised(&Int8Plan::default(), None)?);
-            eprintln!(
-                "int8 weights: {:.2} GiB, quantised in {:.1} s from the BF16 ones (dropped)",
-                model.int8_bytes() as f64 / GIB,
-                t.elapsed().as_secs_f64()
-            );
-        }
-        for (&n, toks) in a.lengths.iter().zip(&rows_ids) {
-            let gflop = cfg.prefill_flops(n) / 1e9;
-            for &arm in &arms_now {
-                // The stage clock reads the time a few hundred times a forward: nothing beside seconds.
-                let once = |stages: &mut StageTimes| -> anyhow::Result<(f64, f64)> {
-                    let mut st = model.new_state();
-                    let c0 = process_cpu_seconds();
-                    let t = Instant::now();
-                    let h = model.forward_timed(arm, &mut st, toks, &[n - 1], stages)?;
-                    let dt = t.elapsed().as_secs_f64();
-                    let cpu = process_cpu_seconds() - c0;
-                    anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
-                    Ok((dt, cpu))
-                };
-                for _ in 0..a.warmup {
-                    once(&mut StageTimes::default())?;
-                }
-                let reps = a.reps.max(1);
-                let mut stage_sum = StageTimes::default();
-                let timed: Vec<(f64, f64)> = (0..reps)
-                    .map(|_| once(&mut stage_sum))
-                    .collect::<anyhow::Result<_>>()?;
-                let stages = Stages::of(&stage_sum.mean_of(reps));
-                let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
-                let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
-                let med = median(&runs).unwrap_or(f64::NAN);
-                let threads = kev_engine::kernels::threads() as f64;
-                // The rate the run would have had with its threads to itself: a guide when other processes
-                // share the cores (wall time is the figure of record). CPU time comes in 10 ms ticks: too short
-                // a run has no meaningful rate.
-                let cpu_med = median(&cpu).unwrap_or(0.0);
-                let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
-                let gflops = gflop / med;
-                // An int8 share only over an int8 ceiling: a share of the f32 peak would mislead.
-                let peak_share = if arm == Arm::Int8 {
-                    int8_ceiling(pk.as_ref()).map(|g| gflops / g)
-                } else {
-                    share_of_peak(pk.as_ref(), arm == Arm::Bf16, gflops)
-                };
-                eprintln!(
-                    "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s); outside the projections {:.0} %",
-                    arm.name(),
-                    cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}")),
-                    100.0 * stages.outside_projections_s / stages.total_s().max(f64::MIN_POSITIVE)
-                );
-                rows.push(RowResult {
-                    arm: arm.name(),
-                    tokens: n,
-                    median_s: med,
-                    runs_s: runs,
-                    cpu_s: cpu,
-                    gflops_per_cpu: cpu_gflops,
-                    gflop,
-                    gflops,
-                    peak_share,
-                    peak_rss_gib: gib(memory::peak_resident_bytes()),
-                    stages,
-                    projection_gflop: cfg.projection_flops(n, 1) / 1e9,
-                });
-            }
-        }
-    }
+    let bench = Bench {
+        a: &a,
+        dir: &dir,
+        cfg: &cfg,
+        pk: pk.as_ref(),
+        rows_ids: &rows_ids,
+    };
+    let (model, mut rows) = time_ours(model, &bench, &arms, int8_only)?;
     // Reported by length, then in the order `--arms` gave.
     rows.sort_by_key(|r: &RowResult| (r.tokens, arms.iter().position(|x| x.name() == r.arm)));
     let weights = if model.has_lora() { "exact" } else { "merged" };
@@ -376,55 +302,15 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     drop(model);
     let rss_before_peers = gib(memory::resident_bytes());
 
-    let mut peers_done = Vec::new();
-    let mut missing = Vec::new();
     let env = if choice.any() {
-        let caps = peer_caps(kern.isa(), |k| std::env::var_os(k).is_some());
-        if !caps.is_empty() {
-            eprintln!(
-                "our kernels run avx2: the peers run as on an AVX2-only CPU ({})",
-                caps.iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
-        }
-        peer_env(kev_engine::kernels::threads(), &caps)
+        peers_env(kern.isa())
     } else {
         None
     };
-    if let Some(env) = &env {
-        eprintln!(
-            "our model dropped (RSS {:.2} GiB); running the peers on {}",
-            rss_before_peers.unwrap_or(f64::NAN),
-            dir.display()
-        );
-        let reps = a.peer_reps.unwrap_or(a.reps).max(1);
-        let mut add = |name: &'static str, res: Result<BackboneRun, peers::PeerError>| match res {
-            Ok(run) => peers_done.push(peer_result(name, run, &cfg, pk.as_ref())),
-            Err(e) => missing.push(PeerMissing::note(name, &e)),
-        };
-        if choice.torch {
-            if !a.no_torch_fp32 {
-                add(
-                    "torch fp32",
-                    peers::torch_backbone(env, &dir, &rows_ids, TorchDtype::Float32, reps),
-                );
-            }
-            if !a.no_torch_bf16 {
-                add(
-                    "torch bf16",
-                    peers::torch_backbone(env, &dir, &rows_ids, TorchDtype::Bfloat16, reps),
-                );
-            }
-        }
-        for (fork, quant, name) in llama_runs(choice) {
-            add(
-                name,
-                peers::llama_backbone(env, fork, &dir, &a.lengths, reps, quant),
-            );
-        }
-    }
+    let (peers_done, missing) = match &env {
+        Some(env) => run_peers(&bench, env, choice, rss_before_peers),
+        None => (Vec::new(), Vec::new()),
+    };
     machine.finish();
 
     let comparisons = compare(&rows, &peers_done);
@@ -460,6 +346,158 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     print_table(&report, &a.lengths, kern.isa());
     write_json(&report, a.json.as_deref())?;
     Ok(())
+}
+
+/// Time our arms at every length: the float arms first, then the int8 arm on the int8 model made from the
+/// float one, so that each row's peak RSS is that of its own arm's weights. Gives back the model last timed.
+fn time_ours(
+    mut model: Arc<Backbone>,
+    bench: &Bench,
+    arms: &[Arm],
+    int8_only: bool,
+) -> anyhow::Result<(Arc<Backbone>, Vec<RowResult>)> {
+    let (first, beside): (Vec<Arm>, Vec<Arm>) =
+        arms.iter().partition(|&&arm| arm != Arm::Int8 || int8_only);
+    let mut rows = Vec::new();
+    for (phase, arms_now) in [first, beside].into_iter().enumerate() {
+        if phase == 1 && !arms_now.is_empty() {
+            // Nothing shares the model: the float arms ran on a borrowed one.
+            model = int8_from_float(model)?;
+        }
+        for (&n, toks) in bench.a.lengths.iter().zip(bench.rows_ids) {
+            for &arm in &arms_now {
+                rows.push(time_row(&model, bench, arm, n, toks)?);
+            }
+        }
+    }
+    Ok((model, rows))
+}
+
+/// Time one arm on one row of `n` tokens: the warm-up runs, then the timed ones.
+fn time_row(
+    model: &Backbone,
+    bench: &Bench,
+    arm: Arm,
+    n: usize,
+    toks: &[u32],
+) -> anyhow::Result<RowResult> {
+    let (a, cfg) = (bench.a, bench.cfg);
+    let gflop = cfg.prefill_flops(n) / 1e9;
+    // The stage clock reads the time a few hundred times a forward: nothing beside seconds.
+    let once = |stages: &mut StageTimes| -> anyhow::Result<(f64, f64)> {
+        let mut st = model.new_state();
+        let c0 = process_cpu_seconds();
+        let t = Instant::now();
+        let h = model.forward_timed(arm, &mut st, toks, &[n - 1], stages)?;
+        let dt = t.elapsed().as_secs_f64();
+        let cpu = process_cpu_seconds() - c0;
+        anyhow::ensure!(h.iter().all(|x| x.is_finite()), "non-finite hidden state");
+        Ok((dt, cpu))
+    };
+    for _ in 0..a.warmup {
+        once(&mut StageTimes::default())?;
+    }
+    let reps = a.reps.max(1);
+    let mut stage_sum = StageTimes::default();
+    let timed: Vec<(f64, f64)> = (0..reps)
+        .map(|_| once(&mut stage_sum))
+        .collect::<anyhow::Result<_>>()?;
+    let stages = Stages::of(&stage_sum.mean_of(reps));
+    let runs: Vec<f64> = timed.iter().map(|t| t.0).collect();
+    let cpu: Vec<f64> = timed.iter().map(|t| t.1).collect();
+    let med = median(&runs).unwrap_or(f64::NAN);
+    let threads = kev_engine::kernels::threads() as f64;
+    // The rate the run would have had with its threads to itself: a guide when other processes
+    // share the cores (wall time is the figure of record). CPU time comes in 10 ms ticks: too short
+    // a run has no meaningful rate.
+    let cpu_med = median(&cpu).unwrap_or(0.0);
+    let cpu_gflops = (cpu_med >= 0.1).then(|| gflop / (cpu_med / threads));
+    let gflops = gflop / med;
+    // An int8 share only over an int8 ceiling: a share of the f32 peak would mislead.
+    let peak_share = if arm == Arm::Int8 {
+        int8_ceiling(bench.pk).map(|g| gflops / g)
+    } else {
+        share_of_peak(bench.pk, arm == Arm::Bf16, gflops)
+    };
+    eprintln!(
+        "{n:>5} tokens {}: {med:.3} s, {gflops:.0} GFLOP/s ({} per CPU-s); outside the projections {:.0} %",
+        arm.name(),
+        cpu_gflops.map_or("n/a".into(), |g| format!("{g:.0}")),
+        100.0 * stages.outside_projections_s / stages.total_s().max(f64::MIN_POSITIVE)
+    );
+    Ok(RowResult {
+        arm: arm.name(),
+        tokens: n,
+        median_s: med,
+        runs_s: runs,
+        cpu_s: cpu,
+        gflops_per_cpu: cpu_gflops,
+        gflop,
+        gflops,
+        peak_share,
+        peak_rss_gib: gib(memory::peak_resident_bytes()),
+        stages,
+        projection_gflop: cfg.projection_flops(n, 1) / 1e9,
+    })
+}
+
+/// The peers' environment; where our kernels run AVX2, the peers run as on an AVX2-only CPU.
+fn peers_env(isa: Isa) -> Option<PeerEnv> {
+    let caps = peer_caps(isa, |k| std::env::var_os(k).is_some());
+    if !caps.is_empty() {
+        eprintln!(
+            "our kernels run avx2: the peers run as on an AVX2-only CPU ({})",
+            caps.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+    peer_env(kev_engine::kernels::threads(), &caps)
+}
+
+/// Run each peer `--peers` chose, each as its own subprocess on the checkpoint directory's weights: the
+/// results, and the peers that could not run.
+fn run_peers(
+    bench: &Bench,
+    env: &PeerEnv,
+    choice: PeerChoice,
+    rss_before_peers: Option<f64>,
+) -> (Vec<PeerResult>, Vec<PeerMissing>) {
+    let (a, dir, rows_ids) = (bench.a, bench.dir, bench.rows_ids);
+    let mut peers_done = Vec::new();
+    let mut missing = Vec::new();
+    eprintln!(
+        "our model dropped (RSS {:.2} GiB); running the peers on {}",
+        rss_before_peers.unwrap_or(f64::NAN),
+        dir.display()
+    );
+    let reps = a.peer_reps.unwrap_or(a.reps).max(1);
+    let mut add = |name: &'static str, res: Result<BackboneRun, peers::PeerError>| match res {
+        Ok(run) => peers_done.push(peer_result(name, run, bench.cfg, bench.pk)),
+        Err(e) => missing.push(PeerMissing::note(name, &e)),
+    };
+    if choice.torch {
+        if !a.no_torch_fp32 {
+            add(
+                "torch fp32",
+                peers::torch_backbone(env, dir, rows_ids, TorchDtype::Float32, reps),
+            );
+        }
+        if !a.no_torch_bf16 {
+            add(
+                "torch bf16",
+                peers::torch_backbone(env, dir, rows_ids, TorchDtype::Bfloat16, reps),
+            );
+        }
+    }
+    for (fork, quant, name) in llama_runs(choice) {
+        add(
+            name,
+            peers::llama_backbone(env, fork, dir, &a.lengths, reps, quant),
+        );
+    }
+    (peers_done, missing)
 }
 
 /// Achieved rate over the peak of what the run computed with: the BF16 dot peak for a bf16 run where the

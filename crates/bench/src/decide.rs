@@ -14,7 +14,7 @@
 //!
 //! The backbone is loaded once and shared by every service (an `Arc`), then dropped before torch starts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -30,8 +30,9 @@ use serde::Serialize;
 use super::peers::{self, DecideRun, TorchDtype};
 use super::requests::{self, CaseRequest, Shape};
 use super::{
-    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Summary, gib, peer_env,
-    print_bars, reset_peak_rss, secs, speedup, times, write_json,
+    Bar, GIB, Machine, Model, PeerChoice, PeerMissing, PeerName, PeerSetup, Summary, gib,
+    int8_from_float, load_backbone, peer_env, print_bars, reset_peak_rss, secs, speedup, times,
+    write_json,
 };
 
 /// What `kev bench decide` measures (its flags, parsed).
@@ -67,7 +68,7 @@ pub struct Case(usize);
 
 impl Case {
     /// Every case, in the order they run.
-    pub const ALL: [Case; 8] = [
+    pub const ALL: [Case; 9] = [
         Case(0),
         Case(1),
         Case(2),
@@ -76,6 +77,7 @@ impl Case {
         Case(5),
         Case(6),
         Case(7),
+        Case(8),
     ];
 
     /// Its name on the command line and in reports.
@@ -168,7 +170,7 @@ struct CaseDef {
     torch: bool,
 }
 
-const CASES: [CaseDef; 8] = [
+const CASES: [CaseDef; 9] = [
     CaseDef {
         name: "1q-94",
         shape: Shape::OneQuestion { row_tokens: 94 },
@@ -227,6 +229,17 @@ const CASES: [CaseDef; 8] = [
             questions: 5,
         },
         modes: &[Mode::Cached],
+        torch: false,
+    },
+    // The public Kev-9B CPU figure's request (issue 54): one question on a 130–250-token JSON state, the
+    // state new to the server (no cache).
+    CaseDef {
+        name: "1q-json-190",
+        shape: Shape::OnJsonState {
+            state_tokens: 190,
+            questions: 1,
+        },
+        modes: &[Mode::Shared],
         torch: false,
     },
 ];
@@ -342,7 +355,9 @@ struct Loaded {
 
 /// The backbone once (shared by every service of the run), the head and the tokenizer's path: from a prepared
 /// directory, or from the release form, whose `kev/` may hold `head.pt` or the prepared head `kev synth` writes.
-fn load(m: &Model) -> anyhow::Result<Loaded> {
+/// With `int8_only` the model loads as the int8 arm's ([`load_backbone`]); else in float, the int8 weights
+/// made from it once the float arms have run ([`time_cases`]).
+fn load(m: &Model, int8_only: bool) -> anyhow::Result<Loaded> {
     let (dir, mut opts) = m.backbone_source()?;
     opts.kernels = Some(Kernels::detect());
     // The head the decision loader reads (`KevHead::read_dir`): `head.pt`, or the prepared form `kev synth` writes.
@@ -353,8 +368,7 @@ fn load(m: &Model) -> anyhow::Result<Loaded> {
     let (head, head_from) = KevHead::read_dir(head_dir)?;
     let tokenizer = head_dir.join("tokenizer.json");
     let t = Instant::now();
-    let backbone =
-        Backbone::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let backbone = load_backbone(&dir, &opts, int8_only)?;
     let load_s = t.elapsed().as_secs_f64();
     let head = PointerHead::new(&head, backbone.config().hidden_size)?;
     let describe = match &opts.adapter {
@@ -362,7 +376,7 @@ fn load(m: &Model) -> anyhow::Result<Loaded> {
         None => dir.display().to_string(),
     };
     Ok(Loaded {
-        backbone: Arc::new(backbone),
+        backbone,
         head,
         head_from,
         tokenizer,
@@ -413,7 +427,7 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     let kern = Kernels::detect();
     let mut machine = Machine::now(kern.isa().name().to_string());
 
-    let loaded = load(&a.model)?;
+    let loaded = load(&a.model, arms == [Arm::Int8])?;
     eprintln!(
         "loaded {} in {:.1} s ({:.2} GiB of weights, RSS {:.2} GiB); head {}",
         loaded.describe,
@@ -422,41 +436,8 @@ pub fn run(a: Options) -> anyhow::Result<()> {
         gib(memory::resident_bytes()).unwrap_or(f64::NAN),
         loaded.head_from.display()
     );
-    let tok = KevTokenizer::from_file(&loaded.tokenizer)
-        .with_context(|| format!("loading {}", loaded.tokenizer.display()))?;
-    let selected: Vec<Selected> = wanted
-        .into_iter()
-        .map(|def| {
-            Ok(Selected {
-                def,
-                request: requests::build(&tok, def.shape)
-                    .with_context(|| format!("building case {}", def.name))?,
-            })
-        })
-        .collect::<anyhow::Result<_>>()?;
-    drop(tok);
-
-    let mut results = Vec::new();
-    let mut cache_bytes = 0;
-    for &arm in &arms {
-        for mode in [Mode::FromZero, Mode::Shared, Mode::Cached] {
-            let cases: Vec<&Selected> = selected
-                .iter()
-                .filter(|s| s.def.modes.contains(&mode))
-                .collect();
-            if cases.is_empty() {
-                continue;
-            }
-            let settings = mode.settings(a.pass_tokens, !a.unaligned_state);
-            let kev = service(&loaded, arm, settings)?;
-            if mode == Mode::Cached {
-                cache_bytes = kev.settings().cache_bytes.unwrap_or(0);
-            }
-            for s in cases {
-                results.push(time_case(&kev, s, arm, mode, a.reps.max(1), a.warmup)?);
-            }
-        }
-    }
+    let selected = build_cases(wanted, &loaded.tokenizer)?;
+    let (results, cache_bytes, loaded) = time_cases(&a, loaded, &arms, &selected)?;
     let weights = if loaded.backbone.has_lora() {
         "exact"
     } else {
@@ -475,60 +456,14 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     let mut missing = Vec::new();
     let torch_cases: Vec<&Selected> = selected.iter().filter(|s| s.def.torch).collect();
     let torch = if choice.torch && !torch_cases.is_empty() {
-        match &a.model.source {
-            Source::Release { base, kev: kev_dir } => {
-                eprintln!(
-                    "our model dropped (RSS {:.2} GiB); running the torch reference",
-                    rss_before_peers.unwrap_or(f64::NAN)
-                );
-                peer_env(kev_engine::kernels::threads(), &[]).and_then(|env| {
-                    let bodies: Vec<&[u8]> = torch_cases
-                        .iter()
-                        .map(|s| s.request.body.as_slice())
-                        .collect();
-                    let reps = a.peer_reps.unwrap_or(a.reps).max(1);
-                    match peers::torch_decide(
-                        &env,
-                        base,
-                        kev_dir,
-                        &bodies,
-                        TorchDtype::Float32,
-                        reps,
-                    ) {
-                        Ok(run) => Some(torch_result(run, &env, &torch_cases, &results)),
-                        Err(e) => {
-                            missing.push(PeerMissing::note("torch reference", &e));
-                            None
-                        }
-                    }
-                })
-            }
-            _ => {
-                let e = peers::PeerError::Unavailable {
-                    peer: peers::Peer::TorchDecide,
-                    reason: "the torch reference needs the release form (--base DIR --kev DIR)"
-                        .into(),
-                };
-                missing.push(PeerMissing::note("torch reference", &e));
-                None
-            }
-        }
+        torch_reference(&a, &torch_cases, &results, rss_before_peers, &mut missing)
     } else {
         None
     };
     machine.finish();
 
     let comparisons = compare(&results, torch.as_ref());
-    let cases: Vec<CaseInfo> = selected
-        .iter()
-        .map(|s| CaseInfo {
-            name: s.def.name,
-            questions: s.request.branch_tokens.len(),
-            row_tokens: s.request.row_tokens(),
-            question_share: s.request.question_share(),
-            request: s.request.clone(),
-        })
-        .collect();
+    let cases = case_infos(&selected);
     let bars = bars(&results, &cases, &comparisons);
     let report = DecideReport {
         kind: "decide",
@@ -553,6 +488,114 @@ pub fn run(a: Options) -> anyhow::Result<()> {
     print_table(&report);
     write_json(&report, a.json.as_deref())?;
     Ok(())
+}
+
+/// The wanted cases' requests, tokenized with the model's tokenizer.
+fn build_cases(wanted: Vec<&'static CaseDef>, tokenizer: &Path) -> anyhow::Result<Vec<Selected>> {
+    let tok = KevTokenizer::from_file(tokenizer)
+        .with_context(|| format!("loading {}", tokenizer.display()))?;
+    wanted
+        .into_iter()
+        .map(|def| {
+            Ok(Selected {
+                def,
+                request: requests::build(&tok, def.shape)
+                    .with_context(|| format!("building case {}", def.name))?,
+            })
+        })
+        .collect()
+}
+
+/// Time every case in each of its modes, per arm, each mode on a service of its own: the results, the
+/// cache size of the cached mode's service, and the model last timed.
+fn time_cases(
+    a: &Options,
+    mut loaded: Loaded,
+    arms: &[Arm],
+    selected: &[Selected],
+) -> anyhow::Result<(Vec<RunResult>, usize, Loaded)> {
+    let mut results = Vec::new();
+    let mut cache_bytes = 0;
+    // The float arms first, on the float weights; then the int8 arm on weights quantised from them.
+    let (float, int8): (Vec<Arm>, Vec<Arm>) = arms.iter().partition(|&&arm| arm != Arm::Int8);
+    for arm in float.into_iter().chain(int8) {
+        if !loaded.backbone.arms().runs(arm) {
+            // The services of the float arms are gone: nothing else holds the model.
+            loaded.backbone = int8_from_float(loaded.backbone)?;
+        }
+        for mode in [Mode::FromZero, Mode::Shared, Mode::Cached] {
+            let cases: Vec<&Selected> = selected
+                .iter()
+                .filter(|s| s.def.modes.contains(&mode))
+                .collect();
+            if cases.is_empty() {
+                continue;
+            }
+            let settings = mode.settings(a.pass_tokens, !a.unaligned_state);
+            let kev = service(&loaded, arm, settings)?;
+            if mode == Mode::Cached {
+                cache_bytes = kev.settings().cache_bytes.unwrap_or(0);
+            }
+            for s in cases {
+                results.push(time_case(&kev, s, arm, mode, a.reps.max(1), a.warmup)?);
+            }
+        }
+    }
+    Ok((results, cache_bytes, loaded))
+}
+
+/// The torch reference on the cases it runs, from the release form only (else noted missing).
+fn torch_reference(
+    a: &Options,
+    torch_cases: &[&Selected],
+    results: &[RunResult],
+    rss_before_peers: Option<f64>,
+    missing: &mut Vec<PeerMissing>,
+) -> Option<TorchResult> {
+    match &a.model.source {
+        Source::Release { base, kev: kev_dir } => {
+            eprintln!(
+                "our model dropped (RSS {:.2} GiB); running the torch reference",
+                rss_before_peers.unwrap_or(f64::NAN)
+            );
+            peer_env(kev_engine::kernels::threads(), &[]).and_then(|env| {
+                let bodies: Vec<&[u8]> = torch_cases
+                    .iter()
+                    .map(|s| s.request.body.as_slice())
+                    .collect();
+                let reps = a.peer_reps.unwrap_or(a.reps).max(1);
+                match peers::torch_decide(&env, base, kev_dir, &bodies, TorchDtype::Float32, reps) {
+                    Ok(run) => Some(torch_result(run, &env, torch_cases, results)),
+                    Err(e) => {
+                        missing.push(PeerMissing::note("torch reference", &e));
+                        None
+                    }
+                }
+            })
+        }
+        _ => {
+            let e = peers::PeerError::Unavailable {
+                peer: peers::Peer::TorchDecide,
+                reason: "the torch reference needs the release form (--base DIR --kev DIR)".into(),
+            };
+            missing.push(PeerMissing::note("torch reference", &e));
+            None
+        }
+    }
+}
+
+/// What the report says of each case.
+fn case_infos(selected: &[Selected]) -> Vec<CaseInfo> {
+    selected
+        .iter()
+        .map(|s| CaseInfo {
+            name: s.def.name,
+            questions: s.request.branch_tokens.len(),
+            row_tokens: s.request.row_tokens(),
+            question_share: s.request.question_share(),
+            request: s.request.clone(),
+        })
+        .collect()
 }
 
 fn time_case(

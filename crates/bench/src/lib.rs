@@ -26,7 +26,12 @@ use std::path::PathBuf;
 
 use kev_decide::{Source, WeightForm};
 use kev_engine::kernels::Isa;
-use kev_engine::{Arm, LoadOptions};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use kev_engine::{Arm, Backbone, Int8Plan, Int8Source, LoadOptions};
 use serde::Serialize;
 
 use peers::{PeerEnv, PeerError};
@@ -61,6 +66,36 @@ impl Model {
     }
 }
 
+/// Load the backbone for the arms to time. The int8 arm alone is loaded as `kev serve --precision int8`
+/// loads it (each layer quantised by the rule as it is packed, no float projection made), so its peak RSS is
+/// that arm's; with float arms beside it the model loads in float, and [`int8_from_float`] makes the int8
+/// weights once those arms have run.
+fn load_backbone(dir: &Path, opts: &LoadOptions, int8_only: bool) -> anyhow::Result<Arc<Backbone>> {
+    let loaded = if int8_only {
+        Backbone::load_quantised(dir, opts, Int8Source::Rule(&Int8Plan::default()))
+    } else {
+        Backbone::load(dir, opts)
+    };
+    Ok(Arc::new(
+        loaded.with_context(|| format!("loading {}", dir.display()))?,
+    ))
+}
+
+/// The int8 model made from the float one by the rule, the float panels dropped. Call it once nothing else
+/// holds `float` (the float arms' runs are over).
+fn int8_from_float(float: Arc<Backbone>) -> anyhow::Result<Arc<Backbone>> {
+    let t = Instant::now();
+    let float = Arc::try_unwrap(float)
+        .map_err(|_| anyhow::anyhow!("the model is shared before its int8 form is built"))?;
+    let int8 = float.quantised(&Int8Plan::default(), None)?;
+    eprintln!(
+        "int8 weights: {:.2} GiB, quantised in {:.1} s from the BF16 ones (dropped)",
+        int8.int8_bytes() as f64 / GIB,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(Arc::new(int8))
+}
+
 /// The compute arms to time: `--precision` picks one, else `--arms`, else fp32 and bf16.
 fn arms(precision: Option<Arm>, listed: &[Arm]) -> Vec<Arm> {
     match (precision, listed) {
@@ -87,19 +122,23 @@ pub enum PeerName {
     /// ik_llama.cpp (the CPU-focused fork) on mainline's F16, Q8_0 and Q4_K_M GGUFs with run-time repacking:
     /// issue 29's strongest CPU peer.
     IkLlama,
+    /// ik_llama.cpp on the Q8_0 and Q4_K_M GGUFs only (no F16 GGUF: 18 GB less disk for the 9B, whose bars
+    /// hold ik_llama.cpp's Q8_0 and Q4_K_M).
+    IkLlamaQuant,
     /// torch, llama, llama-f16, llama-q8 and ik-llama.
     All,
 }
 
 impl PeerName {
     /// Every name, in the order `--help` lists them.
-    pub const ALL: [PeerName; 7] = [
+    pub const ALL: [PeerName; 8] = [
         PeerName::None,
         PeerName::Torch,
         PeerName::Llama,
         PeerName::LlamaQ8,
         PeerName::LlamaF16,
         PeerName::IkLlama,
+        PeerName::IkLlamaQuant,
         PeerName::All,
     ];
 
@@ -112,6 +151,7 @@ impl PeerName {
             PeerName::LlamaQ8 => "llama-q8",
             PeerName::LlamaF16 => "llama-f16",
             PeerName::IkLlama => "ik-llama",
+            PeerName::IkLlamaQuant => "ik-llama-q",
             PeerName::All => "all",
         }
     }
@@ -139,7 +179,9 @@ struct PeerChoice {
     llama_q8: bool,
     /// llama.cpp on its F16 conversion, besides BF16.
     llama_f16: bool,
-    /// ik_llama.cpp on the F16, Q8_0 and Q4_K_M GGUFs.
+    /// ik_llama.cpp on the F16 GGUF.
+    ik_f16: bool,
+    /// ik_llama.cpp on the Q8_0 and Q4_K_M GGUFs.
     ik_llama: bool,
 }
 
@@ -150,6 +192,7 @@ impl PeerChoice {
             llama: false,
             llama_q8: false,
             llama_f16: false,
+            ik_f16: false,
             ik_llama: false,
         };
         for name in names {
@@ -159,12 +202,17 @@ impl PeerChoice {
                 PeerName::Llama => c.llama = true,
                 PeerName::LlamaQ8 => c.llama_q8 = true,
                 PeerName::LlamaF16 => c.llama_f16 = true,
-                PeerName::IkLlama => c.ik_llama = true,
+                PeerName::IkLlama => {
+                    c.ik_f16 = true;
+                    c.ik_llama = true;
+                }
+                PeerName::IkLlamaQuant => c.ik_llama = true,
                 PeerName::All => {
                     c.torch = true;
                     c.llama = true;
                     c.llama_f16 = true;
                     c.llama_q8 = true;
+                    c.ik_f16 = true;
                     c.ik_llama = true;
                 }
             }
@@ -180,7 +228,7 @@ impl PeerChoice {
     }
 
     fn any(self) -> bool {
-        self.torch || self.llama || self.llama_q8 || self.llama_f16 || self.ik_llama
+        self.torch || self.llama || self.llama_q8 || self.llama_f16 || self.ik_f16 || self.ik_llama
     }
 }
 
@@ -573,7 +621,9 @@ mod tests {
         let t = PeerChoice::parse("torch").unwrap();
         assert!(t.torch && !t.llama && !t.ik_llama);
         let ik = PeerChoice::parse("ik-llama").unwrap();
-        assert!(ik.ik_llama && !ik.llama && !ik.torch && ik.any());
+        assert!(ik.ik_llama && ik.ik_f16 && !ik.llama && !ik.torch && ik.any());
+        let q = PeerChoice::parse("ik-llama-q").unwrap();
+        assert!(q.ik_llama && !q.ik_f16 && q.any());
         assert!(PeerChoice::parse("vllm").is_err());
     }
 
@@ -588,7 +638,7 @@ mod tests {
         assert_eq!(
             "vllm".parse::<PeerName>(),
             Err(
-                "unknown peer `vllm` (none, torch, llama, llama-q8, llama-f16, ik-llama, all)"
+                "unknown peer `vllm` (none, torch, llama, llama-q8, llama-f16, ik-llama, ik-llama-q, all)"
                     .to_string()
             )
         );

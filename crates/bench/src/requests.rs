@@ -101,6 +101,15 @@ pub(super) enum Shape {
         /// How many questions (1..=8).
         questions: usize,
     },
+    /// As [`Shape::OnState`] with a JSON object for the state (a ticket record: channel, customer, the text),
+    /// rendered as Kev renders JSON states: the timing case of the public Kev-9B CPU figure (one question on a
+    /// 130–250-token JSON state).
+    OnJsonState {
+        /// State tokens, `<|fim_prefix|>` included.
+        state_tokens: usize,
+        /// How many questions (1..=8).
+        questions: usize,
+    },
 }
 
 /// A built request and its measured rows.
@@ -169,6 +178,10 @@ pub(super) fn build(tok: &KevTokenizer, shape: Shape) -> anyhow::Result<CaseRequ
         Shape::OnState {
             state_tokens,
             questions,
+        }
+        | Shape::OnJsonState {
+            state_tokens,
+            questions,
         } => (questions, state_tokens),
     };
     anyhow::ensure!(
@@ -181,6 +194,13 @@ pub(super) fn build(tok: &KevTokenizer, shape: Shape) -> anyhow::Result<CaseRequ
         .map(|(id, q)| (id.to_string(), q))
         .collect();
     let body_for = |state: &str| -> Vec<u8> {
+        let state = match shape {
+            Shape::OnJsonState { .. } => json!({"ticket": {
+                "id": 4471, "channel": "email", "priority": "normal",
+                "customer": {"name": "Sam Ortiz", "plan": "business", "since": "2021-03-14"},
+                "text": state}}),
+            _ => Value::String(state.to_string()),
+        };
         let v = json!({"model": "kev-latest", "state": state, "questions": qs});
         serde_json::to_vec(&v).unwrap_or_default()
     };
@@ -194,7 +214,7 @@ pub(super) fn build(tok: &KevTokenizer, shape: Shape) -> anyhow::Result<CaseRequ
         let c = compile(&body_for(state))?;
         Ok(match shape {
             Shape::OneQuestion { .. } => c.state_ids().len() + c.branches()[0].len(),
-            Shape::OnState { .. } => c.state_ids().len(),
+            Shape::OnState { .. } | Shape::OnJsonState { .. } => c.state_ids().len(),
         })
     };
     let state = fit(target, measure)?;
@@ -277,6 +297,22 @@ mod tests {
                 state + r.branch_tokens.iter().sum::<usize>()
             );
         }
+    }
+
+    #[test]
+    fn a_json_state_case_has_exactly_its_state_tokens() {
+        let tok = tokenizer();
+        let r = build(
+            &tok,
+            Shape::OnJsonState {
+                state_tokens: 190,
+                questions: 1,
+            },
+        )
+        .unwrap();
+        assert_eq!((r.state_tokens, r.branch_tokens.len()), (190, 1));
+        let req: Value = serde_json::from_slice(&r.body).unwrap();
+        assert!(req["state"]["ticket"]["text"].is_string(), "{req}");
     }
 
     #[test]

@@ -27,19 +27,23 @@ pub enum Shape {
     Qwen4b,
     /// Qwen3.5-0.8B: hidden 1024, 24 layers, 8/2 attention heads, 16/16 DeltaNet heads (≈ 1.5 GB).
     Qwen08b,
+    /// Qwen3.5-9B: the 4B's layers and heads, hidden 4096, MLP 12,288, untied (an `lm_head.weight` in the
+    /// files; ≈ 18 GB).
+    Qwen9b,
     /// The fixture widths: hidden 16, 8 layers, the real vocabulary.
     Tiny,
 }
 
 impl Shape {
     /// Every shape, in the order `--help` lists them.
-    pub const ALL: [Shape; 3] = [Shape::Qwen4b, Shape::Qwen08b, Shape::Tiny];
+    pub const ALL: [Shape; 4] = [Shape::Qwen4b, Shape::Qwen08b, Shape::Qwen9b, Shape::Tiny];
 
-    /// `4b`, `0.8b` or `tiny`.
+    /// `4b`, `0.8b`, `9b` or `tiny`.
     pub fn name(self) -> &'static str {
         match self {
             Shape::Qwen4b => "4b",
             Shape::Qwen08b => "0.8b",
+            Shape::Qwen9b => "9b",
             Shape::Tiny => "tiny",
         }
     }
@@ -49,6 +53,7 @@ impl Shape {
         match self {
             Shape::Qwen4b => Qwen35Config::qwen35_4b(),
             Shape::Qwen08b => Qwen35Config::qwen35_0_8b(),
+            Shape::Qwen9b => Qwen35Config::qwen35_9b(),
             Shape::Tiny => tiny_config(248_320),
         }
     }
@@ -60,7 +65,7 @@ impl std::str::FromStr for Shape {
         Shape::ALL
             .into_iter()
             .find(|x| x.name() == s)
-            .ok_or_else(|| format!("unknown decoder shape `{s}` (4b, 0.8b, tiny)"))
+            .ok_or_else(|| format!("unknown decoder shape `{s}` (4b, 0.8b, 9b, tiny)"))
     }
 }
 
@@ -75,6 +80,9 @@ pub struct Options {
     pub shape: Shape,
     /// Number of safetensors shards in `base/`.
     pub shards: usize,
+    /// Keep only the first N layers of the shape (every width kept): a release of the shape small enough to
+    /// check a pipeline end to end (`None`: all of them).
+    pub layers: Option<usize>,
     /// Do not write `kev/`.
     pub no_adapter: bool,
     /// Keep an existing `base/` (of the same shape) and write only `kev/`.
@@ -85,7 +93,16 @@ pub struct Options {
 
 /// Write the release; returns the report `kev synth` prints.
 pub fn run(args: &Options) -> anyhow::Result<Value> {
-    let config = args.shape.config();
+    let mut config = args.shape.config();
+    if let Some(n) = args.layers {
+        anyhow::ensure!(
+            (1..=config.num_layers()).contains(&n),
+            "--layers {n}: the {} shape has 1 to {} layers",
+            args.shape.name(),
+            config.num_layers()
+        );
+        config.layer_types.truncate(n);
+    }
     let tokenizer = match &args.tokenizer {
         Some(path) => path.clone(),
         None => default_tokenizer(),
@@ -152,6 +169,8 @@ pub const HEAD_DIM: usize = 256;
 pub const KEV_4B_TEMPERATURE: f64 = 2.41;
 /// Kev-0.8B v1.0's fitted temperature (2.3510958125672174 in its head.pt), rounded like the 4B's.
 pub const KEV_0_8B_TEMPERATURE: f64 = 2.35;
+/// Kev-9B v1.0's fitted temperature (2.193649959389252 in its head.pt, docs/kev-9b-pins.md), rounded alike.
+pub const KEV_9B_TEMPERATURE: f64 = 2.19;
 /// Keeps the head's values independent of the adapter's and the backbone's for the same seed.
 const HEAD_SALT: u64 = 0x4ead;
 
@@ -159,6 +178,8 @@ const HEAD_SALT: u64 = 0x4ead;
 pub fn temperature(id: Identity) -> f64 {
     if id == Identity::of(&Qwen35Config::qwen35_0_8b()) {
         KEV_0_8B_TEMPERATURE
+    } else if id == Identity::of(&Qwen35Config::qwen35_9b()) {
+        KEV_9B_TEMPERATURE
     } else {
         KEV_4B_TEMPERATURE
     }
@@ -312,6 +333,26 @@ mod tests {
     }
 
     #[test]
+    fn a_9b_shaped_release_names_the_9b_base() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cut(&Qwen35Config::qwen35_9b(), 2, 256);
+        assert_eq!(Identity::of(&cfg), Identity::of(&Qwen35Config::qwen35_9b()));
+        let files = write_decision_files(dir.path(), &fixture_tokenizer(), &cfg, 1).unwrap();
+        assert_eq!(files.temperature, KEV_9B_TEMPERATURE);
+        let read = kev_release::head::PreparedHead::read(dir.path()).unwrap();
+        assert_eq!(read.head.meta.base, "Qwen/Qwen3.5-9B-Base");
+        assert_eq!(
+            read.head.meta.base_revision,
+            kev_release::ReleasePins::kev_9b_v1().base.revision
+        );
+        assert_eq!(read.head.hidden_size(), 4096);
+        // the 4B's widths with the 9B's tie are not the 9B
+        let mut tied = cfg.clone();
+        tied.tie_word_embeddings = true;
+        assert_eq!(Identity::of(&tied).base, "Qwen/Qwen3.5-4B-Base");
+    }
+
+    #[test]
     fn random_heads_are_seeded_and_scaled() {
         let a = random_head(2560, 256, 2.0, 0);
         assert_eq!(a, random_head(2560, 256, 2.0, 0));
@@ -332,8 +373,9 @@ mod tests {
             assert_eq!(s.name().parse::<Shape>(), Ok(s));
         }
         assert_eq!(Shape::Qwen08b.config(), Qwen35Config::qwen35_0_8b());
+        assert_eq!(Shape::Qwen9b.config(), Qwen35Config::qwen35_9b());
         assert_eq!(Shape::Tiny.config().hidden_size, 16);
         let err = "7b".parse::<Shape>().unwrap_err();
-        assert_eq!(err, "unknown decoder shape `7b` (4b, 0.8b, tiny)");
+        assert_eq!(err, "unknown decoder shape `7b` (4b, 0.8b, 9b, tiny)");
     }
 }

@@ -187,6 +187,39 @@ impl Qwen35Config {
         2.0 * params + (n_full * 4 * self.num_attention_heads * self.head_dim) as f64 * n_ctx as f64
     }
 
+    /// Number of projection weights (every layer's input and output projections and MLP): what the backbone
+    /// packs, 2 bytes each in BF16, 1 in int8 (6,918,504,448 for the 9B). The embedding is not among them.
+    pub fn projection_weight_count(&self) -> u64 {
+        self.layer_types
+            .iter()
+            .map(|&k| {
+                let (input, output_mlp) = self.projection_weights(k);
+                (input + output_mlp) as u64
+            })
+            .sum()
+    }
+
+    /// Number of projection output rows (one int8 scale each).
+    pub fn projection_rows_count(&self) -> u64 {
+        let (h, im) = (self.hidden_size, self.intermediate_size);
+        self.layer_types
+            .iter()
+            .map(|&k| {
+                let mixer = match k {
+                    LayerKind::Linear => {
+                        self.conv_dim() + self.value_dim() + 2 * self.linear_num_value_heads + h
+                    }
+                    LayerKind::Full => {
+                        (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+                            * self.head_dim
+                            + h
+                    }
+                };
+                (mixer + 2 * im + h) as u64
+            })
+            .sum()
+    }
+
     /// The projection weights of a layer of kind `k`: (its input projections, its output projection and
     /// MLP).
     fn projection_weights(&self, k: LayerKind) -> (f64, f64) {
@@ -277,16 +310,28 @@ impl Qwen35Config {
         }
     }
 
-    /// The Qwen3.5 base repository this decoder's shape is published as (`Qwen/Qwen3.5-4B-Base`,
-    /// `Qwen/Qwen3.5-0.8B-Base`), if it is one of them.
-    pub fn published_base(&self) -> Option<&'static str> {
-        if *self == Self::qwen35_4b() {
-            Some("Qwen/Qwen3.5-4B-Base")
-        } else if *self == Self::qwen35_0_8b() {
-            Some("Qwen/Qwen3.5-0.8B-Base")
-        } else {
-            None
+    /// The Qwen3.5-9B text decoder (`Qwen/Qwen3.5-9B-Base@68c46c4b` `config.json`, docs/kev-9b-pins.md): a
+    /// wider 4B — hidden 4096, MLP 12,288, the 4B's 32 layers and head geometry — with **untied** embeddings:
+    /// the checkpoint carries an `lm_head.weight` the backbone never reads.
+    pub fn qwen35_9b() -> Self {
+        Qwen35Config {
+            hidden_size: 4096,
+            intermediate_size: 12_288,
+            tie_word_embeddings: false,
+            ..Self::qwen35_4b()
         }
+    }
+
+    /// The Qwen3.5 base repository this decoder's shape is published as (`Qwen/Qwen3.5-4B-Base`,
+    /// `Qwen/Qwen3.5-0.8B-Base`, `Qwen/Qwen3.5-9B-Base`), if it is one of them.
+    pub fn published_base(&self) -> Option<&'static str> {
+        [
+            (Self::qwen35_4b(), "Qwen/Qwen3.5-4B-Base"),
+            (Self::qwen35_0_8b(), "Qwen/Qwen3.5-0.8B-Base"),
+            (Self::qwen35_9b(), "Qwen/Qwen3.5-9B-Base"),
+        ]
+        .into_iter()
+        .find_map(|(c, name)| (c == *self).then_some(name))
     }
 
     /// The composite `config.json` (`qwen3_5`, decoder under `text_config`) of a checkpoint with this decoder,

@@ -32,6 +32,12 @@ pub fn total_memory() -> Option<u64> {
     proc_bytes("/proc/meminfo", "MemTotal:")
 }
 
+/// The memory the system can give a process now without swapping (`MemAvailable`: free memory plus the
+/// caches it can reclaim).
+pub fn available_memory() -> Option<u64> {
+    proc_bytes("/proc/meminfo", "MemAvailable:")
+}
+
 /// Give the C heap's free pages back to the system. Freed blocks below glibc's mapping threshold (a
 /// state's 2 MiB buffers, a long row's key/value segments, a loader's temporaries) otherwise stay
 /// resident in its arenas for good: after loading the 4B that was ~290 MB, after a 2,000-token request
@@ -59,5 +65,7 @@ mod tests {
             rss > 1 << 20 && rss <= peak && peak < total,
             "{rss} {peak} {total}"
         );
+        let available = available_memory().unwrap();
+        assert!(available > 0 && available <= total, "{available} {total}");
     }
 }

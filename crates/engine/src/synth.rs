@@ -2,12 +2,12 @@
 //!
 //! `base/`: composite `config.json`, safetensors shards with `model.language_model.` names (BF16; the GDN
 //! `A_log` and gated-norm weight in F32 as the published checkpoints store them: 36 F32 tensors for the 0.8B,
-//! 48 for the 4B) plus a few `mtp.*` tensors a loader must skip, `lm_head.weight` when the config is untied,
-//! and `model.safetensors.index.json`. The adapter (and kev-bench's head) names the base of the release the
-//! shape stands for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-4B otherwise). `kev/` (optional): a PEFT
-//! `adapter_config.json` + `adapter_model.safetensors` over the 12 target modules, F32, rank 16, with
-//! non-zero `B` so the adapter changes the outputs, keyed as PEFT writes them around the text model
-//! (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
+//! 48 for the 4B and the 9B) plus a few `mtp.*` tensors a loader must skip, `lm_head.weight` when the config
+//! is untied, and `model.safetensors.index.json`. The adapter (and kev-bench's head) names the base of the
+//! release the shape stands for ([`Identity`]: Kev-0.8B for the 0.8B widths, Kev-9B for the 9B's, Kev-4B
+//! otherwise). `kev/` (optional): a PEFT `adapter_config.json` + `adapter_model.safetensors` over the 12
+//! target modules, F32, rank 16, with non-zero `B` so the adapter changes the outputs, keyed as PEFT writes
+//! them around the text model (`base_model.model.layers.{i}.…`, like the Kev release). transformers + PEFT load both directories,
 //! and the engine matches their float32 hidden states (checked by hand with transformers 5.23.0).
 //!
 //! This is the checkpoint side only, which the engine's own tests load. What a decision needs on top (the Kev
@@ -430,17 +430,24 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// Kev-0.8B's for a decoder of the 0.8B widths (any depth or vocabulary, so cut-down test variants
-    /// keep it), Kev-4B's otherwise.
+    /// Kev-0.8B's for a decoder of the 0.8B widths, Kev-9B's for the 9B widths (untied, like the 9B), each at
+    /// any depth or vocabulary (so cut-down test variants keep it); Kev-4B's otherwise.
     pub fn of(cfg: &Qwen35Config) -> Self {
-        let mut widths = cfg.clone();
-        let real = Qwen35Config::qwen35_0_8b();
-        widths.vocab_size = real.vocab_size;
-        widths.layer_types = real.layer_types.clone();
-        if widths == real {
+        let same_widths = |real: &Qwen35Config| {
+            let mut widths = cfg.clone();
+            widths.vocab_size = real.vocab_size;
+            widths.layer_types = real.layer_types.clone();
+            widths == *real
+        };
+        if same_widths(&Qwen35Config::qwen35_0_8b()) {
             Identity {
                 base: "Qwen/Qwen3.5-0.8B-Base",
                 base_revision: "dc7cdfe2ee4154fa7e30f5b51ca41bfa40174e68",
+            }
+        } else if same_widths(&Qwen35Config::qwen35_9b()) {
+            Identity {
+                base: "Qwen/Qwen3.5-9B-Base",
+                base_revision: "68c46c4b3498877f3ef123c856ecfde50c39f404",
             }
         } else {
             Identity {

@@ -646,19 +646,7 @@ unsafe fn ukr_f32<S: Simd, const NV: usize>(
             // stride apart, too far for the hardware prefetcher), which costs AVX2 a fifth of its
             // rate once the activations outgrow L2.
             let fetch = if j0 == 0 { next } else { None };
-            let step = |kk: usize, acc: &mut [[S::V; NV]; MR]| {
-                let bp = b.add(kk * NR + j0);
-                let mut bv = [S::zero(); NV];
-                for (v, x) in bv.iter_mut().enumerate() {
-                    *x = S::load(bp.add(v * S::LANES));
-                }
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let ar = S::splat(*a[r].add(kk));
-                    for (v, x) in row.iter_mut().enumerate() {
-                        *x = S::fma(ar, bv[v], *x);
-                    }
-                }
-            };
+            let bj = b.add(j0);
             let mut kk = 0;
             if let Some(n) = fetch {
                 // One line every two steps, the rows in turn: over 2·MR steps the line offset is
@@ -668,8 +656,8 @@ unsafe fn ukr_f32<S: Simd, const NV: usize>(
                 while kk + 2 * MR <= kc && off < kc {
                     for row in n {
                         prefetch_l1(row.wrapping_add(off));
-                        step(kk, &mut acc);
-                        step(kk + 1, &mut acc);
+                        fma_step::<S, NV>(a, bj, kk, &mut acc);
+                        fma_step::<S, NV>(a, bj, kk + 1, &mut acc);
                         kk += 2;
                     }
                     off += 16;
@@ -677,14 +665,14 @@ unsafe fn ukr_f32<S: Simd, const NV: usize>(
             }
             // Four steps a turn: the loop's own integer work issues on the FMA ports too.
             while kk + 4 <= kc {
-                step(kk, &mut acc);
-                step(kk + 1, &mut acc);
-                step(kk + 2, &mut acc);
-                step(kk + 3, &mut acc);
+                fma_step::<S, NV>(a, bj, kk, &mut acc);
+                fma_step::<S, NV>(a, bj, kk + 1, &mut acc);
+                fma_step::<S, NV>(a, bj, kk + 2, &mut acc);
+                fma_step::<S, NV>(a, bj, kk + 3, &mut acc);
                 kk += 4;
             }
             while kk < kc {
-                step(kk, &mut acc);
+                fma_step::<S, NV>(a, bj, kk, &mut acc);
                 kk += 1;
             }
             for (r, row) in acc.iter().enumerate().take(rows) {
@@ -693,6 +681,35 @@ unsafe fn ukr_f32<S: Simd, const NV: usize>(
                 }
             }
             j0 += NV * S::LANES;
+        }
+    }
+}
+
+/// One k step of [`ukr_f32`]: `acc[r] += a[r][kk] · B[kk][block]`, `bj` the block's first column. A
+/// function, not a closure, and always inlined: a closure called seven times was left out of line in one
+/// instantiation (AVX2), and outside the `#[target_feature]` caller every intrinsic in it became a call.
+///
+/// # Safety
+/// `bj + kk · NR` addresses `NV · S::LANES` f32; each `a[r]` addresses at least `kk + 1` f32.
+#[inline(always)]
+unsafe fn fma_step<S: Simd, const NV: usize>(
+    a: &[*const f32; MR],
+    bj: *const f32,
+    kk: usize,
+    acc: &mut [[S::V; NV]; MR],
+) {
+    // SAFETY: the caller guarantees the extents above.
+    unsafe {
+        let bp = bj.add(kk * NR);
+        let mut bv = [S::zero(); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = S::load(bp.add(v * S::LANES));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let ar = S::splat(*a[r].add(kk));
+            for (v, x) in row.iter_mut().enumerate() {
+                *x = S::fma(ar, bv[v], *x);
+            }
         }
     }
 }

@@ -56,6 +56,49 @@ fn the_0_8b_shape() {
     assert!((per_token / 1e9 - 1.00).abs() < 0.05, "{per_token}");
 }
 
+/// The 9B shape (peers-notes, Kev-9B appendix; the pinned base's config.json): the 4B's layers and heads,
+/// hidden 4096, MLP 12,288, untied; 6.92 B projection weights, ≈ 13.8 GFLOP a token (1.94× the 4B).
+#[test]
+fn the_9b_shape() {
+    let c = Qwen35Config::qwen35_9b();
+    assert_eq!(Qwen35Config::from_json(&c.to_composite_json()).unwrap(), c);
+    assert!(!c.tie_word_embeddings);
+    assert_eq!(c.num_layers(), 32);
+    let full: Vec<usize> = (0..32)
+        .filter(|&i| c.layer_types[i] == LayerKind::Full)
+        .collect();
+    assert_eq!(full, [3, 7, 11, 15, 19, 23, 27, 31]);
+    // q_proj 4,096 → 8,192 (query and gate), key dim 2,048, value dim 4,096, conv dim 8,192
+    assert_eq!(2 * c.num_attention_heads * c.head_dim, 8192);
+    assert_eq!(
+        (c.key_dim(), c.value_dim(), c.conv_dim()),
+        (2048, 4096, 8192)
+    );
+    let (gdn, attn, out, mlp) = (
+        4096.0 * 12_352.0,
+        4096.0 * 10_240.0,
+        4096.0 * 4096.0,
+        3.0 * 4096.0 * 12_288.0,
+    );
+    let weights = 24.0 * (gdn + out + mlp) + 8.0 * (attn + out + mlp);
+    assert_eq!(weights, 6_918_504_448.0);
+    assert_eq!(c.projection_weight_count(), 6_918_504_448);
+    assert_eq!(
+        c.projection_rows_count(),
+        24 * (12_352 + 4096 + 2 * 12_288 + 4096) + 8 * (10_240 + 4096 + 2 * 12_288 + 4096)
+    );
+    assert_eq!(c.projection_flops(1, 1), 2.0 * weights);
+    // matmul work 13.84 GFLOP a token, 1.94× the 4B's; 13.93 with the DeltaNet mixers' own work
+    let four = Qwen35Config::qwen35_4b();
+    let ratio = c.projection_flops(1, 1) / four.projection_flops(1, 1);
+    assert!((ratio - 1.938).abs() < 0.001, "{ratio}");
+    assert!((c.flops_per_token(0) / 1e9 - 13.93).abs() < 0.01);
+    assert_eq!(c.published_base(), Some("Qwen/Qwen3.5-9B-Base"));
+    let mut tied = c.clone();
+    tied.tie_word_embeddings = true;
+    assert_eq!(tied.published_base(), None);
+}
+
 #[test]
 fn tie_and_mrope_are_read_checked_and_written_back() {
     let mut c = Qwen35Config::qwen35_0_8b();
