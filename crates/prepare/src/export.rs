@@ -19,13 +19,20 @@ pub struct ExtrasPolicy {
     pub keep_visual: bool,
     /// Keep `mtp.*` (the multi-token-prediction head).
     pub keep_mtp: bool,
+    /// Keep `lm_head.weight`, which an untied base (Qwen3.5-9B) carries and a decision model never reads
+    /// (2 GB of the 9B in BF16); the tied 0.8B and 4B have none.
+    pub keep_lm_head: bool,
 }
+
+/// The LM head an untied base stores (top-level name, as transformers saves it).
+pub const LM_HEAD: &str = "lm_head.weight";
 
 impl ExtrasPolicy {
     /// Whether a base tensor is left out.
     pub fn drops(&self, name: &str) -> bool {
         (name.starts_with("model.visual.") && !self.keep_visual)
             || (name.starts_with("mtp.") && !self.keep_mtp)
+            || (name == LM_HEAD && !self.keep_lm_head)
     }
 }
 

@@ -13,6 +13,7 @@
 //!    directory). The directory is assembled under `<out>.kev-partial` and renamed into place.
 #![deny(missing_docs)]
 
+mod cached;
 mod error;
 pub mod export;
 pub mod hub;
@@ -28,6 +29,7 @@ use kev_release::manifest::{
 };
 use kev_release::{Adapter, AdapterConfig, Release, TensorStore};
 
+pub use cached::{offline_hint, prepared_release, release_dir};
 pub use error::{PinMismatch, PrepareError};
 pub use export::ExtrasPolicy;
 pub use hub::{HubClient, HubConfig, HubError};
@@ -70,7 +72,8 @@ impl PrepareOptions {
         Self::for_release(out, Release::default())
     }
 
-    /// The pins of a published release (`kev-4b`, `kev-0.8b`), the Hub as configured by the environment.
+    /// The pins of a published release (`kev-4b`, `kev-0.8b`, `kev-9b`), the Hub as configured by the
+    /// environment.
     pub fn for_release(out: PathBuf, release: Release) -> Self {
         PrepareOptions {
             kev: None,
@@ -100,91 +103,19 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     let started = std::time::Instant::now();
     let mut warnings = Vec::new();
     let client = HubClient::new(opts.hub.clone());
-    let kev_src = opts.kev.clone().unwrap_or_else(|| Source::Hub {
-        repo: opts.pins.kev.repo.clone(),
-        revision: opts.pins.kev.revision.clone(),
-    });
-    let base_src = opts.base.clone().unwrap_or_else(|| Source::Hub {
-        repo: opts.pins.base.repo.clone(),
-        revision: opts.pins.base.revision.clone(),
-    });
     check_output(&opts.out)?;
 
-    // 1 + 2: fetch and verify. The base index decides which shards exist, so it is verified first.
-    let mut inputs: Vec<FileRecord> = Vec::new();
-    let mut kev = resolve(&client, "kev", &kev_src, &opts.pins.kev, opts.pins_explicit)?;
-    fetch_files(&client, &mut kev, &KEV_FILES)?;
-    kev.repin(&opts.pins.kev);
-    let progress = opts.hub.progress;
-    // the small side first: a wrong Kev release is refused before gigabytes of base are fetched
-    inputs.extend(verify_files(&kev, &KEV_FILES, progress, &mut warnings)?);
-    let mut base = resolve(
-        &client,
-        "base",
-        &base_src,
-        &opts.pins.base,
-        opts.pins_explicit,
-    )?;
-    let index_name = "model.safetensors.index.json";
-    let has_index = match (&base.pin, &base.source) {
-        (Some(p), _) => p.file(index_name).is_some(),
-        (None, Source::Dir(d)) => d.join(index_name).is_file(),
-        (None, Source::Hub { repo, revision }) => client.exists(repo, revision, index_name)?,
-    };
-    let first: Vec<&str> = if has_index {
-        vec!["config.json", index_name]
-    } else {
-        vec!["config.json", "model.safetensors"]
-    };
-    fetch_files(&client, &mut base, &first)?;
-    base.repin(&opts.pins.base);
-    inputs.extend(verify_files(&base, &first, progress, &mut warnings)?);
-    let shard_names: Vec<String> = if has_index {
-        shard_list(base.path(index_name)?)?
-    } else {
-        vec!["model.safetensors".to_string()]
-    };
-    let shard_refs: Vec<&str> = shard_names.iter().map(String::as_str).collect();
-    if has_index {
-        fetch_files(&client, &mut base, &shard_refs)?;
-        inputs.extend(verify_files(&base, &shard_refs, progress, &mut warnings)?);
-    }
-    inputs.sort_by(|a, b| (&a.role, &a.name).cmp(&(&b.role, &b.name)));
-    tracing::info!(
-        files = inputs.len(),
-        bytes = inputs.iter().map(|r| r.size).sum::<u64>(),
-        seconds = started.elapsed().as_secs_f64(),
-        "inputs fetched and verified"
-    );
+    // 1 + 2: fetch and verify.
+    let Fetched {
+        kev,
+        base,
+        inputs,
+        shard_names,
+    } = fetch_and_verify(&client, opts, started, &mut warnings)?;
 
     // The head must name the base being merged.
     let head = KevHead::read_pt(kev.path("head.pt")?)?;
-    let expected_base = match (&base.pin, &base.source) {
-        (Some(p), _) => Some((p.repo.clone(), p.revision.clone())),
-        (None, Source::Hub { repo, .. }) => base.commit.clone().map(|c| (repo.clone(), c)),
-        (None, Source::Dir(d)) => {
-            warn(
-                &mut warnings,
-                format!(
-                    "the base directory {} is unpinned: cannot check that it is {}@{} as head.pt says",
-                    d.display(),
-                    head.meta.base,
-                    head.meta.base_revision
-                ),
-            );
-            None
-        }
-    };
-    if let Some((repo, rev)) = expected_base
-        && (head.meta.base != repo || head.meta.base_revision != rev)
-    {
-        return Err(PrepareError::HeadBase {
-            found_base: head.meta.base.clone(),
-            found_revision: head.meta.base_revision.clone(),
-            expected_base: repo,
-            expected_revision: rev,
-        });
-    }
+    check_head_names_base(&head, &base, &mut warnings)?;
 
     let config_path = base.path("config.json")?;
     let config_json = read_json(config_path)?;
@@ -202,47 +133,10 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
         });
     }
 
-    // 3: the adapter, mapped onto the base's tensor names.
-    let store = open_base_store(&base, &shard_names)?;
-    let config = AdapterConfig::from_file(kev.path("adapter_config.json")?)?;
-    if let Some(rank) = head.meta.lora_rank()
-        && rank != config.r
-    {
-        return Err(PrepareError::HeadAdapter {
-            head: rank,
-            adapter: config.r,
-        });
-    }
-    let weights_path = kev.path("adapter_model.safetensors")?;
-    let weights = TensorStore::open_files(
-        weights_path.parent().unwrap_or(Path::new(".")),
-        &[weights_path.to_path_buf()],
-    )?;
-    let adapter = Adapter::from_parts(config, &weights, &store)?;
-    drop(weights);
-    drop(store);
-
+    // 3: the adapter, mapped onto the base's tensor names; the merge.
+    let adapter = load_adapter(&kev, &base, &shard_names, &head)?;
     let staging = staging_dir(&opts.out);
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
-    }
-    std::fs::create_dir_all(&staging).map_err(io_err(&staging))?;
-
-    let bar = progress_bar(opts.hub.progress, "merge + export");
-    let shards: Vec<(String, PathBuf)> = shard_names
-        .iter()
-        .map(|n| Ok((n.clone(), base.path(n)?.to_path_buf())))
-        .collect::<Result<_, PrepareError>>()?;
-    let t_export = std::time::Instant::now();
-    let result = export::export_shards(&shards, &adapter, opts.extras, &staging, &bar)?;
-    tracing::info!(
-        merged = result.merged,
-        copied = result.copied,
-        bytes = result.total_size,
-        seconds = t_export.elapsed().as_secs_f64(),
-        "merged and exported"
-    );
-    bar.finish_and_clear();
+    let result = merge_and_export(opts, &base, &shard_names, &adapter, &staging)?;
 
     // 4: the rest of the directory.
     let mut outputs: Vec<FileRecord> = result
@@ -259,7 +153,7 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
         let p = staging.join(name);
         std::fs::write(&p, text).map_err(io_err(&p))
     };
-    write(index_name, &export::index_json(&result))?;
+    write(INDEX_NAME, &export::index_json(&result))?;
     let config_out = if opts.extras.keep_visual {
         config_json
     } else {
@@ -275,22 +169,9 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     let tok_src = kev.path("tokenizer.json")?;
     std::fs::copy(tok_src, staging.join("tokenizer.json")).map_err(io_err(tok_src))?;
     let delimiters = Delimiters::from_tokenizer_json(tok_src)?;
-    let head_sha = inputs
-        .iter()
-        .find(|r| r.role.as_deref() == Some("kev") && r.name == "head.pt")
-        .map(|r| r.sha256.clone())
-        .unwrap_or_default();
-    let provenance = HeadProvenance {
-        source: match &kev.source {
-            Source::Hub { repo, .. } => repo.clone(),
-            Source::Dir(d) => d.display().to_string(),
-        },
-        revision: kev.commit.clone(),
-        head_pt_sha256: head_sha,
-    };
-    head.write_prepared(&staging, &delimiters, &provenance)?;
+    head.write_prepared(&staging, &delimiters, &head_provenance(&kev, &inputs))?;
     for name in [
-        index_name,
+        INDEX_NAME,
         "config.json",
         "tokenizer.json",
         kev_release::head::HEAD_SAFETENSORS,
@@ -306,36 +187,12 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
     }
     outputs.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let mut notes = BTreeMap::new();
-    notes.insert(
-        "extras".to_string(),
-        format!(
-            "model.visual.* {}, mtp.* {}",
-            if opts.extras.keep_visual {
-                "kept"
-            } else {
-                "dropped"
-            },
-            if opts.extras.keep_mtp {
-                "kept"
-            } else {
-                "dropped"
-            }
-        ),
-    );
-    for (i, w) in warnings.iter().enumerate() {
-        notes.insert(format!("warning.{i}"), w.clone());
-    }
-    // What the pins themselves leave open travels with every directory prepared against them.
-    if kev.pin.is_some() || base.pin.is_some() {
-        for (i, u) in opts.pins.unverified.iter().enumerate() {
-            notes.insert(format!("pins.unverified.{i}"), u.clone());
-        }
-    }
+    let pinned = kev.pin.is_some() || base.pin.is_some();
+    let notes = manifest_notes(opts, &result, &warnings, pinned);
     let manifest = Manifest {
         format_version: MANIFEST_FORMAT_VERSION,
         tool: concat!("kev ", env!("CARGO_PKG_VERSION")).to_string(),
-        pins: (kev.pin.is_some() || base.pin.is_some()).then(|| opts.pins.name.clone()),
+        pins: pinned.then(|| opts.pins.name.clone()),
         sources: [&kev, &base].iter().map(|r| source_record(r)).collect(),
         inputs,
         outputs,
@@ -360,6 +217,239 @@ pub fn prepare(opts: &PrepareOptions) -> Result<PrepareReport, PrepareError> {
         manifest,
         warnings,
     })
+}
+
+/// The base's shard index; without it the base is one `model.safetensors`.
+const INDEX_NAME: &str = "model.safetensors.index.json";
+
+/// Both repositories fetched and verified.
+struct Fetched {
+    kev: Resolved,
+    base: Resolved,
+    /// Every input file's record, sorted by role and name.
+    inputs: Vec<FileRecord>,
+    /// The base's weight shards.
+    shard_names: Vec<String>,
+}
+
+/// Fetch and verify the Kev files, then the base's config and index, then the shards the index names.
+fn fetch_and_verify(
+    client: &HubClient,
+    opts: &PrepareOptions,
+    started: std::time::Instant,
+    warnings: &mut Vec<String>,
+) -> Result<Fetched, PrepareError> {
+    let kev_src = opts.kev.clone().unwrap_or_else(|| Source::Hub {
+        repo: opts.pins.kev.repo.clone(),
+        revision: opts.pins.kev.revision.clone(),
+    });
+    let base_src = opts.base.clone().unwrap_or_else(|| Source::Hub {
+        repo: opts.pins.base.repo.clone(),
+        revision: opts.pins.base.revision.clone(),
+    });
+    // The base index decides which shards exist, so it is verified first.
+    let mut inputs: Vec<FileRecord> = Vec::new();
+    let mut kev = resolve(client, "kev", &kev_src, &opts.pins.kev, opts.pins_explicit)?;
+    fetch_files(client, &mut kev, &KEV_FILES)?;
+    kev.repin(&opts.pins.kev);
+    let progress = opts.hub.progress;
+    // the small side first: a wrong Kev release is refused before gigabytes of base are fetched
+    inputs.extend(verify_files(&kev, &KEV_FILES, progress, warnings)?);
+    let mut base = resolve(
+        client,
+        "base",
+        &base_src,
+        &opts.pins.base,
+        opts.pins_explicit,
+    )?;
+    let has_index = match (&base.pin, &base.source) {
+        (Some(p), _) => p.file(INDEX_NAME).is_some(),
+        (None, Source::Dir(d)) => d.join(INDEX_NAME).is_file(),
+        (None, Source::Hub { repo, revision }) => client.exists(repo, revision, INDEX_NAME)?,
+    };
+    let first: Vec<&str> = if has_index {
+        vec!["config.json", INDEX_NAME]
+    } else {
+        vec!["config.json", "model.safetensors"]
+    };
+    fetch_files(client, &mut base, &first)?;
+    base.repin(&opts.pins.base);
+    inputs.extend(verify_files(&base, &first, progress, warnings)?);
+    let shard_names: Vec<String> = if has_index {
+        shard_list(base.path(INDEX_NAME)?)?
+    } else {
+        vec!["model.safetensors".to_string()]
+    };
+    let shard_refs: Vec<&str> = shard_names.iter().map(String::as_str).collect();
+    if has_index {
+        fetch_files(client, &mut base, &shard_refs)?;
+        inputs.extend(verify_files(&base, &shard_refs, progress, warnings)?);
+    }
+    inputs.sort_by(|a, b| (&a.role, &a.name).cmp(&(&b.role, &b.name)));
+    tracing::info!(
+        files = inputs.len(),
+        bytes = inputs.iter().map(|r| r.size).sum::<u64>(),
+        seconds = started.elapsed().as_secs_f64(),
+        "inputs fetched and verified"
+    );
+    Ok(Fetched {
+        kev,
+        base,
+        inputs,
+        shard_names,
+    })
+}
+
+/// Refuse a head made for another base than the one being merged; an unpinned local base cannot be
+/// checked, which is a warning.
+fn check_head_names_base(
+    head: &KevHead,
+    base: &Resolved,
+    warnings: &mut Vec<String>,
+) -> Result<(), PrepareError> {
+    let expected_base = match (&base.pin, &base.source) {
+        (Some(p), _) => Some((p.repo.clone(), p.revision.clone())),
+        (None, Source::Hub { repo, .. }) => base.commit.clone().map(|c| (repo.clone(), c)),
+        (None, Source::Dir(d)) => {
+            warn(
+                warnings,
+                format!(
+                    "the base directory {} is unpinned: cannot check that it is {}@{} as head.pt says",
+                    d.display(),
+                    head.meta.base,
+                    head.meta.base_revision
+                ),
+            );
+            None
+        }
+    };
+    // The revision may be abbreviated in the head (a card's `68c46c4b`): it must still name this commit.
+    if let Some((repo, rev)) = expected_base
+        && (head.meta.base != repo
+            || !kev_release::manifest::names_commit(&head.meta.base_revision, &rev))
+    {
+        return Err(PrepareError::HeadBase {
+            found_base: head.meta.base.clone(),
+            found_revision: head.meta.base_revision.clone(),
+            expected_base: repo,
+            expected_revision: rev,
+        });
+    }
+    Ok(())
+}
+
+/// The adapter mapped onto the base's tensor names, its rank checked against the one the head records.
+fn load_adapter(
+    kev: &Resolved,
+    base: &Resolved,
+    shard_names: &[String],
+    head: &KevHead,
+) -> Result<Adapter, PrepareError> {
+    let store = open_base_store(base, shard_names)?;
+    let config = AdapterConfig::from_file(kev.path("adapter_config.json")?)?;
+    if let Some(rank) = head.meta.lora_rank()
+        && rank != config.r
+    {
+        return Err(PrepareError::HeadAdapter {
+            head: rank,
+            adapter: config.r,
+        });
+    }
+    let weights_path = kev.path("adapter_model.safetensors")?;
+    let weights = TensorStore::open_files(
+        weights_path.parent().unwrap_or(Path::new(".")),
+        &[weights_path.to_path_buf()],
+    )?;
+    let adapter = Adapter::from_parts(config, &weights, &store)?;
+    drop(weights);
+    drop(store);
+    Ok(adapter)
+}
+
+/// Merge and export every shard into a fresh `staging` directory.
+fn merge_and_export(
+    opts: &PrepareOptions,
+    base: &Resolved,
+    shard_names: &[String],
+    adapter: &Adapter,
+    staging: &Path,
+) -> Result<export::ExportResult, PrepareError> {
+    if staging.exists() {
+        std::fs::remove_dir_all(staging).map_err(io_err(staging))?;
+    }
+    std::fs::create_dir_all(staging).map_err(io_err(staging))?;
+
+    let bar = progress_bar(opts.hub.progress, "merge + export");
+    let shards: Vec<(String, PathBuf)> = shard_names
+        .iter()
+        .map(|n| Ok((n.clone(), base.path(n)?.to_path_buf())))
+        .collect::<Result<_, PrepareError>>()?;
+    let t_export = std::time::Instant::now();
+    let result = export::export_shards(&shards, adapter, opts.extras, staging, &bar)?;
+    tracing::info!(
+        merged = result.merged,
+        copied = result.copied,
+        bytes = result.total_size,
+        seconds = t_export.elapsed().as_secs_f64(),
+        "merged and exported"
+    );
+    bar.finish_and_clear();
+    Ok(result)
+}
+
+/// Where `head.pt` came from, for `kev_head.json`.
+fn head_provenance(kev: &Resolved, inputs: &[FileRecord]) -> HeadProvenance {
+    let head_sha = inputs
+        .iter()
+        .find(|r| r.role.as_deref() == Some("kev") && r.name == "head.pt")
+        .map(|r| r.sha256.clone())
+        .unwrap_or_default();
+    HeadProvenance {
+        source: match &kev.source {
+            Source::Hub { repo, .. } => repo.clone(),
+            Source::Dir(d) => d.display().to_string(),
+        },
+        revision: kev.commit.clone(),
+        head_pt_sha256: head_sha,
+    }
+}
+
+/// The manifest's notes: what became of the extras, the warnings raised, and (`pinned`: a source was
+/// checked against the pins) what the pins leave unverified.
+fn manifest_notes(
+    opts: &PrepareOptions,
+    result: &export::ExportResult,
+    warnings: &[String],
+    pinned: bool,
+) -> BTreeMap<String, String> {
+    let mut notes = BTreeMap::new();
+    let fate = |kept: bool| if kept { "kept" } else { "dropped" };
+    notes.insert(
+        "extras".to_string(),
+        format!(
+            "model.visual.* {}, mtp.* {}, {} {}",
+            fate(opts.extras.keep_visual),
+            fate(opts.extras.keep_mtp),
+            export::LM_HEAD,
+            if result.dropped.iter().any(|d| d == export::LM_HEAD) {
+                "dropped (untied base; never read)"
+            } else if opts.extras.keep_lm_head {
+                "kept"
+            } else {
+                "absent (tied base)"
+            }
+        ),
+    );
+    for (i, w) in warnings.iter().enumerate() {
+        notes.insert(format!("warning.{i}"), w.clone());
+    }
+    // What the pins themselves leave open travels with every directory prepared against them.
+    if pinned {
+        for (i, u) in opts.pins.unverified.iter().enumerate() {
+            notes.insert(format!("pins.unverified.{i}"), u.clone());
+        }
+    }
+    notes
 }
 
 /// Add a file to a prepared directory (`kev prepare --int8`: the stored int8 form): `write` creates

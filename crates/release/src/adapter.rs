@@ -149,6 +149,64 @@ const HARMLESS_FIELDS: [&str; 27] = [
     "target_parameters",
 ];
 
+/// Settings whose non-default value changes W' = W + (B @ A)·alpha/r, with why each is refused.
+const MERGE_CHANGING_SETTINGS: [(&str, &str); 14] = [
+    (
+        "use_dora",
+        "DoRA rescales the merged weight by a learned magnitude",
+    ),
+    ("use_rslora", "rsLoRA scales by alpha/sqrt(r), not alpha/r"),
+    ("rank_pattern", "per-module ranks are not supported"),
+    ("alpha_pattern", "per-module alphas are not supported"),
+    (
+        "modules_to_save",
+        "fully trained extra modules are not supported",
+    ),
+    (
+        "fan_in_fan_out",
+        "transposed (Conv1D-style) weights are not supported",
+    ),
+    ("lora_bias", "trained LoRA biases are not supported"),
+    (
+        "layer_replication",
+        "replicated layers change the model's structure",
+    ),
+    (
+        "trainable_token_indices",
+        "trained token embeddings are not supported",
+    ),
+    (
+        "alora_invocation_tokens",
+        "activated LoRA is not a static merge",
+    ),
+    ("use_bdlora", "block-diagonal LoRA is not supported"),
+    ("arrow_config", "Arrow routing is not a static merge"),
+    ("velora_config", "VeLoRA is not supported"),
+    ("monteclora_config", "MonteCLoRA is not supported"),
+];
+
+/// A refusal of `field = value`.
+fn unsupported(field: &str, value: &serde_json::Value, why: &str) -> AdapterError {
+    AdapterError::Unsupported {
+        field: field.to_string(),
+        value: value.to_string(),
+        why: why.to_string(),
+    }
+}
+
+/// Whether a setting holds its off value (null, false, empty), which asks for nothing.
+fn is_unset(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::String(s) => s.is_empty(),
+        Value::Number(_) => false,
+    }
+}
+
 impl AdapterConfig {
     /// Parse and check `adapter_config.json`.
     pub fn from_file(path: &Path) -> Result<Self, AdapterError> {
@@ -208,20 +266,6 @@ impl AdapterConfig {
     pub fn check_supported(
         obj: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), AdapterError> {
-        use serde_json::Value;
-        let unsupported = |field: &str, value: &Value, why: &str| AdapterError::Unsupported {
-            field: field.to_string(),
-            value: value.to_string(),
-            why: why.to_string(),
-        };
-        let is_unset = |v: &Value| match v {
-            Value::Null => true,
-            Value::Bool(b) => !b,
-            Value::Array(a) => a.is_empty(),
-            Value::Object(o) => o.is_empty(),
-            Value::String(s) => s.is_empty(),
-            Value::Number(_) => false,
-        };
         if let Some(v) = obj.get("peft_type")
             && v.as_str() != Some("LORA")
         {
@@ -231,42 +275,7 @@ impl AdapterConfig {
                 "only LORA adapters can be merged",
             ));
         }
-        // Settings whose non-default value changes W' = W + (B @ A)·alpha/r.
-        let refusals: [(&str, &str); 14] = [
-            (
-                "use_dora",
-                "DoRA rescales the merged weight by a learned magnitude",
-            ),
-            ("use_rslora", "rsLoRA scales by alpha/sqrt(r), not alpha/r"),
-            ("rank_pattern", "per-module ranks are not supported"),
-            ("alpha_pattern", "per-module alphas are not supported"),
-            (
-                "modules_to_save",
-                "fully trained extra modules are not supported",
-            ),
-            (
-                "fan_in_fan_out",
-                "transposed (Conv1D-style) weights are not supported",
-            ),
-            ("lora_bias", "trained LoRA biases are not supported"),
-            (
-                "layer_replication",
-                "replicated layers change the model's structure",
-            ),
-            (
-                "trainable_token_indices",
-                "trained token embeddings are not supported",
-            ),
-            (
-                "alora_invocation_tokens",
-                "activated LoRA is not a static merge",
-            ),
-            ("use_bdlora", "block-diagonal LoRA is not supported"),
-            ("arrow_config", "Arrow routing is not a static merge"),
-            ("velora_config", "VeLoRA is not supported"),
-            ("monteclora_config", "MonteCLoRA is not supported"),
-        ];
-        for (field, why) in refusals {
+        for (field, why) in MERGE_CHANGING_SETTINGS {
             if let Some(v) = obj.get(field)
                 && !is_unset(v)
             {
@@ -319,7 +328,7 @@ impl AdapterConfig {
         }
         for (k, v) in obj {
             if HARMLESS_FIELDS.contains(&k.as_str())
-                || refusals.iter().any(|(f, _)| f == k)
+                || MERGE_CHANGING_SETTINGS.iter().any(|(f, _)| f == k)
                 || k == "bias"
                 || k == "kasa_config"
                 || is_unset(v)
@@ -401,87 +410,8 @@ impl Adapter {
             path: PathBuf::from("adapter_config.json"),
             message: "r too large".into(),
         })?;
-        // Gather pairs by module path (as the adapter spells it).
-        let mut pairs: BTreeMap<String, (Option<String>, Option<String>)> = BTreeMap::new();
-        for key in weights.names() {
-            let Some(rest) = key.strip_prefix(KEY_PREFIX) else {
-                return Err(AdapterError::UnexpectedKey {
-                    key: key.to_string(),
-                    why: format!("PEFT keys start with {KEY_PREFIX}"),
-                });
-            };
-            let (module, which) = if let Some(m) = rest.strip_suffix(".lora_A.weight") {
-                (m, 'A')
-            } else if let Some(m) = rest.strip_suffix(".lora_B.weight") {
-                (m, 'B')
-            } else {
-                let why = if rest.contains("lora_magnitude_vector") {
-                    "DoRA magnitudes are not supported"
-                } else if rest.contains("lora_embedding") {
-                    "LoRA on embeddings is not supported"
-                } else if rest.ends_with(".bias") {
-                    "trained biases are not supported"
-                } else {
-                    "not a lora_A/lora_B weight"
-                };
-                return Err(AdapterError::UnexpectedKey {
-                    key: key.to_string(),
-                    why: why.to_string(),
-                });
-            };
-            let leaf = module.rsplit('.').next().unwrap_or(module);
-            if !KNOWN_TARGET_MODULES.contains(&leaf) {
-                return Err(AdapterError::UnexpectedKey {
-                    key: key.to_string(),
-                    why: format!(
-                        "module {leaf} is not one the engine knows ({})",
-                        KNOWN_TARGET_MODULES.join(", ")
-                    ),
-                });
-            }
-            let slot = pairs.entry(module.to_string()).or_default();
-            if which == 'A' {
-                slot.0 = Some(key.to_string());
-            } else {
-                slot.1 = Some(key.to_string());
-            }
-        }
-        if pairs.is_empty() {
-            return Err(AdapterError::Empty);
-        }
-        for (module, (a, b)) in &pairs {
-            if a.is_none() || b.is_none() {
-                return Err(AdapterError::HalfPair {
-                    module: module.clone(),
-                    present: if a.is_some() { 'A' } else { 'B' },
-                    missing: if a.is_some() { 'B' } else { 'A' },
-                });
-            }
-        }
-
-        // The one prefix under which every module exists; report the best candidate's gaps.
-        const PREFIXES: [&str; 3] = ["model.language_model.", "model.", ""];
-        let mut best: Option<Vec<String>> = None;
-        let mut chosen = None;
-        for p in PREFIXES {
-            let missing: Vec<String> = pairs
-                .keys()
-                .filter(|m| !base.contains(&format!("{p}{m}.weight")))
-                .cloned()
-                .collect();
-            if missing.is_empty() {
-                chosen = Some(p);
-                break;
-            }
-            if best.as_ref().is_none_or(|b| missing.len() < b.len()) {
-                best = Some(missing);
-            }
-        }
-        let Some(base_prefix) = chosen else {
-            return Err(AdapterError::MissingModules {
-                missing: best.unwrap_or_default(),
-            });
-        };
+        let pairs = pair_factor_keys(weights)?;
+        let base_prefix = choose_base_prefix(&pairs, base)?;
         let text_prefix = base.text_prefix()?;
 
         let mut modules = BTreeMap::new();
@@ -503,8 +433,9 @@ impl Adapter {
                     why: format!("base weight {full}.weight is not 2-D: {:?}", w.shape),
                 });
             };
-            let a = read_factor(weights, a_key, [r, in_f])?;
-            let b = read_factor(weights, b_key, [out_f, r])?;
+            let base_w = (format!("{full}.weight"), [out_f, in_f]);
+            let a = read_factor(weights, a_key, [r, in_f], &base_w)?;
+            let b = read_factor(weights, b_key, [out_f, r], &base_w)?;
             modules.insert(
                 rel.to_string(),
                 LoraWeights {
@@ -581,16 +512,114 @@ impl Adapter {
     }
 }
 
+/// The `lora_A` and `lora_B` keys of each adapted module, keyed by module path as the adapter spells it.
+type FactorKeys = BTreeMap<String, (Option<String>, Option<String>)>;
+
+/// Gather the weights file's keys into A/B pairs by module path, refusing any key that is not a
+/// LoRA factor of a known module, an empty file, and a module with only one of its two factors.
+fn pair_factor_keys(weights: &TensorStore) -> Result<FactorKeys, AdapterError> {
+    let mut pairs = FactorKeys::new();
+    for key in weights.names() {
+        let Some(rest) = key.strip_prefix(KEY_PREFIX) else {
+            return Err(AdapterError::UnexpectedKey {
+                key: key.to_string(),
+                why: format!("PEFT keys start with {KEY_PREFIX}"),
+            });
+        };
+        let (module, which) = if let Some(m) = rest.strip_suffix(".lora_A.weight") {
+            (m, 'A')
+        } else if let Some(m) = rest.strip_suffix(".lora_B.weight") {
+            (m, 'B')
+        } else {
+            let why = if rest.contains("lora_magnitude_vector") {
+                "DoRA magnitudes are not supported"
+            } else if rest.contains("lora_embedding") {
+                "LoRA on embeddings is not supported"
+            } else if rest.ends_with(".bias") {
+                "trained biases are not supported"
+            } else {
+                "not a lora_A/lora_B weight"
+            };
+            return Err(AdapterError::UnexpectedKey {
+                key: key.to_string(),
+                why: why.to_string(),
+            });
+        };
+        let leaf = module.rsplit('.').next().unwrap_or(module);
+        if !KNOWN_TARGET_MODULES.contains(&leaf) {
+            return Err(AdapterError::UnexpectedKey {
+                key: key.to_string(),
+                why: format!(
+                    "module {leaf} is not one the engine knows ({})",
+                    KNOWN_TARGET_MODULES.join(", ")
+                ),
+            });
+        }
+        let slot = pairs.entry(module.to_string()).or_default();
+        if which == 'A' {
+            slot.0 = Some(key.to_string());
+        } else {
+            slot.1 = Some(key.to_string());
+        }
+    }
+    if pairs.is_empty() {
+        return Err(AdapterError::Empty);
+    }
+    for (module, (a, b)) in &pairs {
+        if a.is_none() || b.is_none() {
+            return Err(AdapterError::HalfPair {
+                module: module.clone(),
+                present: if a.is_some() { 'A' } else { 'B' },
+                missing: if a.is_some() { 'B' } else { 'A' },
+            });
+        }
+    }
+    Ok(pairs)
+}
+
+/// The one prefix under which every module exists in `base`; failing that, the best candidate's gaps.
+fn choose_base_prefix(
+    pairs: &FactorKeys,
+    base: &TensorStore,
+) -> Result<&'static str, AdapterError> {
+    const PREFIXES: [&str; 3] = ["model.language_model.", "model.", ""];
+    let mut best: Option<Vec<String>> = None;
+    for p in PREFIXES {
+        let missing: Vec<String> = pairs
+            .keys()
+            .filter(|m| !base.contains(&format!("{p}{m}.weight")))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(p);
+        }
+        if best.as_ref().is_none_or(|b| missing.len() < b.len()) {
+            best = Some(missing);
+        }
+    }
+    Err(AdapterError::MissingModules {
+        missing: best.unwrap_or_default(),
+    })
+}
+
+/// One LoRA factor of the base weight `base` (its stored name and shape), which fixes the factor's shape:
+/// a factor of another shape (an adapter made for another base, a Kev-9B adapter on the 4B base) is refused
+/// naming both tensors and both shapes.
 fn read_factor(
     weights: &TensorStore,
     key: &str,
     shape: [usize; 2],
+    (base_name, base_shape): &(String, [usize; 2]),
 ) -> Result<Vec<f32>, AdapterError> {
     let t = weights.get(key)?;
     if t.shape != shape {
         return Err(AdapterError::Factor {
             key: key.to_string(),
-            why: format!("shape {:?}, expected {:?}", t.shape, shape),
+            why: format!(
+                "shape {:?}, but the base's {base_name} is {base_shape:?}, which needs {shape:?}: \
+                 the adapter was made for another base",
+                t.shape
+            ),
         });
     }
     let n = shape[0] * shape[1];

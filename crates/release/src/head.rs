@@ -3,7 +3,8 @@
 //!
 //! `head.pt` is `torch.save` of a dict: `base`, `base_revision`, `lora`, `head_dim`, `option_isolation`,
 //! `special_embeddings`, `weights_dtype`, `temperature`, `lora_placement` and `head` (the state dict
-//! `q.weight`, `q.bias`, `k.weight`, `k.bias`, fp32). The archive holds `<name>/data.pkl` (a pickle whose
+//! `q.weight`, `q.bias`, `k.weight`, `k.bias`, fp32); `special_embeddings` and `lora_placement` may be absent
+//! (read as null), other keys (Kev-9B's `weights`) are ignored. The archive holds `<name>/data.pkl` (a pickle whose
 //! tensors point at storages by key) and one `<name>/data/<key>` entry per storage.
 
 use crate::FileError;
@@ -127,37 +128,11 @@ impl KevHead {
 
     /// Read `head.pt`.
     pub fn read_pt(path: &Path) -> Result<Self, HeadError> {
-        let file = std::fs::File::open(path).map_err(|source| FileError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let archive_err = |message: String| -> HeadError {
-            FileError::Format {
-                path: path.to_path_buf(),
-                message,
-            }
-            .into()
-        };
-        let mut zip = zip::ZipArchive::new(file).map_err(|e| archive_err(e.to_string()))?;
-        let pkl_name = zip
-            .file_names()
-            .find(|n| n.ends_with("/data.pkl") || *n == "data.pkl")
-            .map(str::to_string)
-            .ok_or_else(|| archive_err("no data.pkl: not a torch zip archive".into()))?;
-        let prefix = pkl_name.strip_suffix("data.pkl").unwrap_or("").to_string();
-        if let Ok(mut e) = zip.by_name(&format!("{prefix}byteorder")) {
-            let mut s = String::new();
-            e.read_to_string(&mut s)
-                .map_err(|e| archive_err(e.to_string()))?;
-            if s.trim() != "little" {
-                return Err(archive_err(format!("byteorder {s:?} is not supported")));
-            }
-        }
-        let pkl = read_entry(&mut zip, &pkl_name).map_err(archive_err)?;
-        let root = pickle::load(&pkl).map_err(|source| HeadError::Pickle {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let TorchArchive {
+            mut zip,
+            prefix,
+            root,
+        } = open_torch_archive(path)?;
         let content = |message: String| -> HeadError {
             FileError::Format {
                 path: path.to_path_buf(),
@@ -172,6 +147,7 @@ impl KevHead {
             root.get(k)
                 .ok_or_else(|| content(format!("key {k:?} is missing")))
         };
+        let optional = |k: &str| root.get(k).map_or(serde_json::Value::Null, Value::to_json);
         let string = |k: &str| match get(k)? {
             Value::Str(s) => Ok(s.clone()),
             other => Err(content(format!("{k} is {other:?}, expected a string"))),
@@ -200,10 +176,12 @@ impl KevHead {
             lora: get("lora")?.to_json(),
             head_dim,
             option_isolation: get("option_isolation")?.to_json(),
-            special_embeddings: get("special_embeddings")?.to_json(),
+            // Kev-4B's and Kev-0.8B's heads store these two; later heads (Kev 1.0's 9B, as a public port's
+            // record lists its keys) may not, and kev uses neither: absent reads as null.
+            special_embeddings: optional("special_embeddings"),
             weights_dtype: get("weights_dtype")?.to_json(),
             temperature,
-            lora_placement: get("lora_placement")?.to_json(),
+            lora_placement: optional("lora_placement"),
         };
         let head = get("head")?;
         if !matches!(head, Value::Dict(_)) {
@@ -319,6 +297,51 @@ impl KevHead {
         text.push('\n');
         std::fs::write(&path, text).map_err(|source| FileError::Io { path, source }.into())
     }
+}
+
+/// A torch zip archive opened and its `data.pkl` unpickled.
+struct TorchArchive {
+    zip: zip::ZipArchive<std::fs::File>,
+    /// What the archive's entries start with (`<name>/`), ending in a slash or empty.
+    prefix: String,
+    /// The unpickled object.
+    root: Value,
+}
+
+/// Open a `torch.save` zip archive: find its `data.pkl`, refuse a big-endian archive, unpickle.
+fn open_torch_archive(path: &Path) -> Result<TorchArchive, HeadError> {
+    let file = std::fs::File::open(path).map_err(|source| FileError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let archive_err = |message: String| -> HeadError {
+        FileError::Format {
+            path: path.to_path_buf(),
+            message,
+        }
+        .into()
+    };
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| archive_err(e.to_string()))?;
+    let pkl_name = zip
+        .file_names()
+        .find(|n| n.ends_with("/data.pkl") || *n == "data.pkl")
+        .map(str::to_string)
+        .ok_or_else(|| archive_err("no data.pkl: not a torch zip archive".into()))?;
+    let prefix = pkl_name.strip_suffix("data.pkl").unwrap_or("").to_string();
+    if let Ok(mut e) = zip.by_name(&format!("{prefix}byteorder")) {
+        let mut s = String::new();
+        e.read_to_string(&mut s)
+            .map_err(|e| archive_err(e.to_string()))?;
+        if s.trim() != "little" {
+            return Err(archive_err(format!("byteorder {s:?} is not supported")));
+        }
+    }
+    let pkl = read_entry(&mut zip, &pkl_name).map_err(archive_err)?;
+    let root = pickle::load(&pkl).map_err(|source| HeadError::Pickle {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(TorchArchive { zip, prefix, root })
 }
 
 fn read_entry(zip: &mut zip::ZipArchive<std::fs::File>, name: &str) -> Result<Vec<u8>, String> {

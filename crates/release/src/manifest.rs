@@ -16,7 +16,7 @@ mod pins;
 
 pub use digest::{DigestKind, DualHasher, FileHashes, HashingWriter, hub_digest_kind, sha256_hex};
 use pins::collect_files;
-pub use pins::{PinCheck, PinnedFile, ReleasePins, RepoPin};
+pub use pins::{PinCheck, PinnedFile, ReleasePins, RepoPin, names_commit};
 
 /// Errors from digests, pins and manifests.
 #[derive(Debug, thiserror::Error)]
@@ -334,7 +334,8 @@ mod tests {
         // Every pinned kind agrees with the Hub's LFS rule, so pins computed from a directory of the
         // real release would have the same kinds.
         for f in p.kev.files.iter().chain(&p.base.files) {
-            assert_eq!(hub_digest_kind(&f.name, f.size), f.kind, "{}", f.name);
+            let size = f.size.expect("every Kev-4B v1.0 file has its size pinned");
+            assert_eq!(hub_digest_kind(&f.name, size), f.kind, "{}", f.name);
         }
     }
 
@@ -342,7 +343,7 @@ mod tests {
     fn pin_check_names_both_digests() {
         let pin = PinnedFile {
             name: "x".into(),
-            size: 6,
+            size: Some(6),
             kind: DigestKind::GitSha1,
             digest: "ce013625030ba8dba906f756967f9e9ca394464a".into(),
         };
@@ -366,6 +367,46 @@ mod tests {
                 found: 5
             }
         );
+    }
+
+    #[test]
+    fn a_pin_without_a_size_is_held_by_its_digest_alone() {
+        let hello = FileHashes::of_reader(&b"hello\n"[..], 6, |_| {}).unwrap();
+        let pin = PinnedFile {
+            name: "x".into(),
+            size: None,
+            kind: DigestKind::Sha256,
+            digest: hello.sha256.clone(),
+        };
+        assert_eq!(pin.check(&hello), PinCheck::Ok);
+        let longer = FileHashes::of_reader(&b"hello!\n"[..], 7, |_| {}).unwrap();
+        assert!(matches!(pin.check(&longer), PinCheck::Digest { .. }));
+        // absent from the JSON both ways; an old pins file with a size still reads
+        let json = serde_json::to_string(&pin).unwrap();
+        assert!(!json.contains("size"), "{json}");
+        assert_eq!(serde_json::from_str::<PinnedFile>(&json).unwrap(), pin);
+        let sized: PinnedFile =
+            serde_json::from_str(r#"{"name": "x", "size": 6, "kind": "sha256", "digest": "00"}"#)
+                .unwrap();
+        assert_eq!(sized.size, Some(6));
+    }
+
+    #[test]
+    fn revisions_are_named_in_full_or_by_an_abbreviation() {
+        let p = ReleasePins::kev_4b_v1().base;
+        assert!(p.names_revision("1001bb4d826a52d1f399e183466143f4da7b741b"));
+        assert!(p.names_revision("1001BB4D826A52D1F399E183466143F4DA7B741B"));
+        assert!(p.names_revision("1001bb4"));
+        assert!(p.names_revision("1001bb4d"));
+        for not in [
+            "",
+            "1001bb",
+            "1001bb4e",
+            "1001bb4d826a52d1f399e183466143f4da7b741b0",
+            "main",
+        ] {
+            assert!(!p.names_revision(not), "{not}");
+        }
     }
 
     #[test]

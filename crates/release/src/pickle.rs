@@ -7,6 +7,8 @@
 //! Objects live in an arena so that pickle's memo semantics hold: a container memoised before it is
 //! filled (`EMPTY_DICT`, `BINPUT`, … `SETITEMS`) is the same object when fetched back with `BINGET`.
 
+mod ops;
+
 /// Errors from unpickling.
 #[derive(Debug, thiserror::Error)]
 pub enum PickleError {
@@ -369,198 +371,15 @@ impl<'a> Machine<'a> {
                     self.u64()?; // FRAME: a length hint only
                 }
                 b'.' => return self.pop(),
-                b'(' => self.stack.push(Slot::Mark),
-                b'}' => self.push(Node::Dict(Vec::new())),
-                b']' => self.push(Node::List(Vec::new())),
-                b')' => self.push(Node::Tuple(Vec::new())),
-                b't' => {
-                    let items = self.pop_mark()?;
-                    self.push(Node::Tuple(items));
+                b'(' | b'}' | b']' | b')' | b't' | 0x85..=0x87 | b'l' | b'd' => {
+                    self.build_container(op)?
                 }
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let mut items = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        items.push(self.pop()?);
-                    }
-                    items.reverse();
-                    self.push(Node::Tuple(items));
-                }
-                b'l' => {
-                    let items = self.pop_mark()?;
-                    self.push(Node::List(items));
-                }
-                b'd' => {
-                    let items = self.pop_mark()?;
-                    if !items.len().is_multiple_of(2) {
-                        return Err(self.malformed("odd number of dict items"));
-                    }
-                    let pairs = items.chunks(2).map(|c| (c[0], c[1])).collect();
-                    self.push(Node::Dict(pairs));
-                }
-                b'q' => {
-                    let k = u32::from(self.u8()?);
-                    self.memo_put(k)?;
-                }
-                b'r' => {
-                    let k = self.u32()?;
-                    self.memo_put(k)?;
-                }
-                0x94 => {
-                    let k = u32::try_from(self.memo.len()).unwrap_or(u32::MAX);
-                    self.memo_put(k)?;
-                }
-                b'h' => {
-                    let k = u32::from(self.u8()?);
-                    self.memo_get(k)?;
-                }
-                b'j' => {
-                    let k = self.u32()?;
-                    self.memo_get(k)?;
-                }
-                b'N' => self.push(Node::Leaf(Value::None)),
-                0x88 => self.push(Node::Leaf(Value::Bool(true))),
-                0x89 => self.push(Node::Leaf(Value::Bool(false))),
-                b'K' => {
-                    let v = self.u8()?;
-                    self.push(Node::Leaf(Value::Int(i64::from(v))));
-                }
-                b'M' => {
-                    let v = self.u16()?;
-                    self.push(Node::Leaf(Value::Int(i64::from(v))));
-                }
-                b'J' => {
-                    let v = self.u32()? as i32;
-                    self.push(Node::Leaf(Value::Int(i64::from(v))));
-                }
-                0x8a => {
-                    let n = usize::from(self.u8()?);
-                    let b = self.take(n)?;
-                    if n > 8 {
-                        return Err(self.malformed("integer wider than 64 bits"));
-                    }
-                    let mut v: i64 = 0;
-                    for (i, &byte) in b.iter().enumerate() {
-                        v |= i64::from(byte) << (8 * i);
-                    }
-                    if n > 0 && n < 8 && b[n - 1] & 0x80 != 0 {
-                        v -= 1i64 << (8 * n);
-                    }
-                    self.push(Node::Leaf(Value::Int(v)));
-                }
-                b'G' => {
-                    let b = self.take(8)?;
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(b);
-                    self.push(Node::Leaf(Value::Float(f64::from_be_bytes(a))));
-                }
-                b'X' => {
-                    let n = self.u32()? as usize;
-                    let s = self.utf8(n)?;
-                    self.push(Node::Leaf(Value::Str(s)));
-                }
-                0x8c => {
-                    let n = usize::from(self.u8()?);
-                    let s = self.utf8(n)?;
-                    self.push(Node::Leaf(Value::Str(s)));
-                }
-                0x8d => {
-                    let n =
-                        usize::try_from(self.u64()?).map_err(|_| self.malformed("huge string"))?;
-                    let s = self.utf8(n)?;
-                    self.push(Node::Leaf(Value::Str(s)));
-                }
-                b'U' => {
-                    // py2 str: bytes read as Latin-1 text
-                    let n = usize::from(self.u8()?);
-                    let s = self.take(n)?.iter().map(|&b| char::from(b)).collect();
-                    self.push(Node::Leaf(Value::Str(s)));
-                }
-                b'T' => {
-                    let n = self.u32()? as usize;
-                    let s = self.take(n)?.iter().map(|&b| char::from(b)).collect();
-                    self.push(Node::Leaf(Value::Str(s)));
-                }
-                b'C' => {
-                    let n = usize::from(self.u8()?);
-                    let b = self.take(n)?.to_vec();
-                    self.push(Node::Leaf(Value::Bytes(b)));
-                }
-                b'B' => {
-                    let n = self.u32()? as usize;
-                    let b = self.take(n)?.to_vec();
-                    self.push(Node::Leaf(Value::Bytes(b)));
-                }
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    self.push(Node::Global(format!("{module}.{name}")));
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    let (Some(module), Some(name)) = (self.as_str(module), self.as_str(name))
-                    else {
-                        return Err(self.malformed("STACK_GLOBAL needs two strings"));
-                    };
-                    let g = format!("{module}.{name}");
-                    self.push(Node::Global(g));
-                }
-                b'Q' => {
-                    let pid = self.pop()?;
-                    let node = self.persistent(pid)?;
-                    self.push(node);
-                }
-                b'R' | 0x81 => {
-                    let args = self.pop()?;
-                    let func = self.pop()?;
-                    let node = self.call(func, args)?;
-                    self.push(node);
-                }
-                b'b' => {
-                    // BUILD: object state (e.g. an OrderedDict's `_metadata`) is not data we need.
-                    self.pop()?;
-                    self.top()?;
-                }
-                b'a' => {
-                    let v = self.pop()?;
-                    let list = self.top()?;
-                    match &mut self.arena[list] {
-                        Node::List(items) => items.push(v),
-                        _ => return Err(self.malformed("APPEND to a non-list")),
-                    }
-                }
-                b'e' => {
-                    let vs = self.pop_mark()?;
-                    let list = self.top()?;
-                    match &mut self.arena[list] {
-                        Node::List(items) => items.extend(vs),
-                        _ => return Err(self.malformed("APPENDS to a non-list")),
-                    }
-                }
-                b's' => {
-                    let v = self.pop()?;
-                    let k = self.pop()?;
-                    let d = self.top()?;
-                    self.dict_insert(d, vec![k, v])?;
-                }
-                b'u' => {
-                    let kvs = self.pop_mark()?;
-                    let d = self.top()?;
-                    self.dict_insert(d, kvs)?;
-                }
-                b'0' => {
-                    self.stack
-                        .pop()
-                        .ok_or_else(|| self.malformed("POP on empty stack"))?;
-                }
-                b'1' => {
-                    self.pop_mark()?;
-                }
-                b'2' => {
-                    let id = self.top()?;
-                    self.stack.push(Slot::Obj(id));
-                }
+                b'q' | b'r' | 0x94 | b'h' | b'j' => self.memo_op(op)?,
+                b'N' | 0x88 | 0x89 | b'K' | b'M' | b'J' | 0x8a | b'G' => self.push_scalar(op)?,
+                b'X' | 0x8c | 0x8d | b'U' | b'T' | b'C' | b'B' => self.push_text(op)?,
+                b'c' | 0x93 | b'Q' | b'R' | 0x81 | b'b' => self.global_or_call(op)?,
+                b'a' | b'e' | b's' | b'u' => self.fill_container(op)?,
+                b'0' | b'1' | b'2' => self.shuffle_stack(op)?,
                 _ => return Err(PickleError::Opcode { op, at: self.at }),
             }
         }

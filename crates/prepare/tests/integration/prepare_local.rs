@@ -186,6 +186,7 @@ fn keep_extras_is_the_published_merged_layout() {
     o.extras = ExtrasPolicy {
         keep_visual: true,
         keep_mtp: false,
+        keep_lm_head: true,
     };
     let report = prepare(&o).unwrap();
     let expected = json(&fixtures().join("expected/merge.json"));
@@ -440,24 +441,34 @@ fn unverified_pins_are_recorded_and_sha256_pins_of_small_files_hold() {
     );
 }
 
-/// `--release kev-0.8b` asks for the Kev-0.8B repositories at their pinned commits (offline with an empty
-/// cache, the refusal names what it looked for).
+/// `--release kev-0.8b` and `--release kev-9b` ask for their own repositories at their pinned commits
+/// (offline with an empty cache, the refusal names what it looked for).
 #[test]
-fn the_0_8b_release_asks_for_its_own_pinned_repositories() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut o = PrepareOptions::for_release(tmp.path().join("out"), kev_release::Release::Kev08b);
-    o.hub = HubConfig {
-        endpoint: "http://127.0.0.1:9".into(),
-        cache_dir: tmp.path().join("empty-cache"),
-        token: None,
-        offline: true,
-        progress: false,
-    };
-    assert_eq!(o.pins, ReleasePins::kev_0_8b_v1());
-    let msg = prepare(&o).unwrap_err().to_string();
-    assert!(
-        msg.contains("jaredpalmer/kev-0.8b@bf75a6a8848ea6960ff2ed108d9ed44c2941174f"),
-        "{msg}"
-    );
-    assert!(!tmp.path().join("out").exists());
+fn each_release_asks_for_its_own_pinned_repositories() {
+    for (release, pins, repo) in [
+        (
+            kev_release::Release::Kev08b,
+            ReleasePins::kev_0_8b_v1(),
+            "jaredpalmer/kev-0.8b@bf75a6a8848ea6960ff2ed108d9ed44c2941174f",
+        ),
+        (
+            kev_release::Release::Kev9b,
+            ReleasePins::kev_9b_v1(),
+            "jaredpalmer/kev-9b@db029f08b290afd9fee4aa4bbcd9ae48602d1eb0",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut o = PrepareOptions::for_release(tmp.path().join("out"), release);
+        o.hub = HubConfig {
+            endpoint: "http://127.0.0.1:9".into(),
+            cache_dir: tmp.path().join("empty-cache"),
+            token: None,
+            offline: true,
+            progress: false,
+        };
+        assert_eq!(o.pins, pins);
+        let msg = prepare(&o).unwrap_err().to_string();
+        assert!(msg.contains(repo), "{msg}");
+        assert!(!tmp.path().join("out").exists());
+    }
 }

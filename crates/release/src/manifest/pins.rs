@@ -14,8 +14,11 @@ use super::{ManifestError, io_err};
 pub struct PinnedFile {
     /// Path inside the repository.
     pub name: String,
-    /// Exact length in bytes.
-    pub size: u64,
+    /// Exact length in bytes; `None` where no public record gives it (the digest alone then binds the
+    /// bytes: a sha256 pin fixes the length too, and [`ReleasePins::unverified`] says the size was not
+    /// found).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
     /// Which digest the Hub records for it.
     pub kind: DigestKind,
     /// Lower-case hex digest of that kind.
@@ -39,6 +42,11 @@ impl RepoPin {
         self.files.iter().find(|f| f.name == name)
     }
 
+    /// Whether `rev` names this pin's commit ([`names_commit`]).
+    pub fn names_revision(&self, rev: &str) -> bool {
+        names_commit(rev, &self.revision)
+    }
+
     /// Pins computed from a local directory's files (all regular files, recursively; names use `/`).
     /// Used to pin a release that is at hand, e.g. a pristine copy in a test.
     pub fn from_dir(repo: &str, revision: &str, dir: &Path) -> Result<Self, ManifestError> {
@@ -52,7 +60,7 @@ impl RepoPin {
             files.push(PinnedFile {
                 digest: h.get(kind).unwrap_or_default().to_string(),
                 name,
-                size: h.size,
+                size: Some(h.size),
                 kind,
             });
         }
@@ -62,6 +70,18 @@ impl RepoPin {
             files,
         })
     }
+}
+
+/// Whether `named` names the commit `commit`: the full id, or an abbreviation of at least 7 hex digits (a
+/// model card's `68c46c4b`), ignoring case. A head that records its base revision abbreviated still names
+/// exactly one commit of the base's history for every practical purpose; an empty or shorter string names
+/// nothing.
+pub fn names_commit(named: &str, commit: &str) -> bool {
+    let named = named.trim();
+    named.len() >= 7
+        && named.len() <= commit.len()
+        && named.bytes().all(|b| b.is_ascii_hexdigit())
+        && commit[..named.len()].eq_ignore_ascii_case(named)
 }
 
 pub(super) fn collect_files(
@@ -139,13 +159,14 @@ impl ReleasePins {
 
     /// The published Kev-4B v1.0 release (`release-pins.md`): `jaredpalmer/kev-4b@6cfce5c2…` on
     /// `Qwen/Qwen3.5-4B-Base@1001bb4d…`, every file with its size and Hub digest.
+    // shape: table (the pinned files, one line each)
     pub fn kev_4b_v1() -> Self {
         use DigestKind::{GitSha1 as G, Sha256 as S};
         fn files(list: &[(&str, u64, DigestKind, &str)]) -> Vec<PinnedFile> {
             list.iter()
                 .map(|&(name, size, kind, digest)| PinnedFile {
                     name: name.to_string(),
-                    size,
+                    size: Some(size),
                     kind,
                     digest: digest.to_string(),
                 })
@@ -352,9 +373,11 @@ pub enum PinCheck {
 impl PinnedFile {
     /// Compare computed hashes with this pin.
     pub fn check(&self, h: &FileHashes) -> PinCheck {
-        if h.size != self.size {
+        if let Some(size) = self.size
+            && h.size != size
+        {
             return PinCheck::Size {
-                expected: self.size,
+                expected: size,
                 found: h.size,
             };
         }
