@@ -37,6 +37,8 @@ pub enum ErrorType {
     /// A well-formed request the server cannot serve as asked (an unknown `model` under strict models):
     /// the live SystemOne API's name.
     ApiUsageError,
+    /// The API key is known but may not do this (an adapter outside its policy, an admin route).
+    PermissionError,
 }
 
 impl ErrorType {
@@ -53,6 +55,7 @@ impl ErrorType {
             ErrorType::ApiError => "api_error",
             ErrorType::NotFoundError => "not_found_error",
             ErrorType::ApiUsageError => "api_usage_error",
+            ErrorType::PermissionError => "permission_error",
         }
     }
 }
@@ -106,11 +109,21 @@ pub enum ErrorKind {
     Saturated,
     /// The request waited in the queue past its deadline.
     Overloaded,
+    /// The API key may not do this: an adapter outside its policy, or an admin route (or admin routes are
+    /// off).
+    Forbidden,
+    /// The request's own deadline (`x_deadline_ms`, `X-Kev-Deadline-Ms`) passed before it was answered.
+    DeadlinePassed,
+    /// The request conflicts with what the server holds (an adapter name already served, the default adapter,
+    /// live adapters not offered by how the server was started).
+    Conflict,
+    /// An adapter directory that is not an adapter for the served base (the message names the problem).
+    AdapterRefused,
 }
 
 impl ErrorKind {
     /// Every kind, in table order.
-    pub const ALL: [ErrorKind; 23] = [
+    pub const ALL: [ErrorKind; 27] = [
         ErrorKind::Unparseable,
         ErrorKind::BadBody,
         ErrorKind::UnknownModel,
@@ -134,6 +147,10 @@ impl ErrorKind {
         ErrorKind::Unavailable,
         ErrorKind::Saturated,
         ErrorKind::Overloaded,
+        ErrorKind::Forbidden,
+        ErrorKind::DeadlinePassed,
+        ErrorKind::Conflict,
+        ErrorKind::AdapterRefused,
     ];
 
     /// The status table: HTTP status and `error_type` of every kind. The only place a status is chosen.
@@ -144,14 +161,21 @@ impl ErrorKind {
             ErrorKind::UnknownModel => (400, ApiUsageError),
             ErrorKind::AuthInvalid => (401, AuthenticationError),
             ErrorKind::AuthMissing => (403, AuthenticationError),
+            ErrorKind::Forbidden => (403, PermissionError),
             ErrorKind::NotFound => (404, NotFoundError),
             ErrorKind::MethodNotAllowed => (405, InvalidRequestError),
-            ErrorKind::BodyTimeout | ErrorKind::RequestTimeout => (408, TimeoutError),
+            ErrorKind::Conflict => (409, InvalidRequestError),
+            // A deadline of the request's own is a timeout too: the status the SDKs know (and retry).
+            ErrorKind::BodyTimeout | ErrorKind::RequestTimeout | ErrorKind::DeadlinePassed => {
+                (408, TimeoutError)
+            }
             ErrorKind::BodyTooLarge | ErrorKind::TooMuchWork => (413, InvalidRequestError),
             ErrorKind::UriTooLong => (414, InvalidRequestError),
             ErrorKind::UnsupportedMedia => (415, InvalidRequestError),
             ErrorKind::HeadTooLarge => (431, InvalidRequestError),
-            ErrorKind::Validation | ErrorKind::OverLimit => (422, InvalidRequestError),
+            ErrorKind::Validation | ErrorKind::OverLimit | ErrorKind::AdapterRefused => {
+                (422, InvalidRequestError)
+            }
             ErrorKind::QueueFull | ErrorKind::KeyLimit => (429, RateLimitError),
             ErrorKind::Internal => (500, ApiError),
             ErrorKind::NotReady => (503, NotReadyError),

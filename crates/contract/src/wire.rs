@@ -34,6 +34,18 @@ pub struct Request {
     /// the request's `state` (a `state` sent beside it must be the same), and only the questions run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub x_state_id: Option<String>,
+    /// kev extension: `high`, `normal` or `low` — the order the server serves requests in (higher first,
+    /// lower never starved), capped by the API key's policy; default the key's `default_priority`, else
+    /// `normal`. An `X-Kev-Priority` header does the same for clients that cannot add fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^(high|normal|low)$"))]
+    pub x_priority: Option<String>,
+    /// kev extension: milliseconds (1 to 86,400,000) from the request's arrival after which its answer is no use:
+    /// still waiting then, it is answered 408 `timeout_error` and never run; running, it is stopped before its
+    /// next pass. An `X-Kev-Deadline-Ms` header does the same (the earlier of the two holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 86_400_000))]
+    pub x_deadline_ms: Option<u64>,
 }
 
 /// A question about the state (other fields are ignored, as Kev 1.0 ignores them).

@@ -121,6 +121,22 @@ impl<S: Clone> PrefixCache<S> {
         }
     }
 
+    /// Drop every snapshot of `model` (its adapter was removed).
+    pub fn forget(&self, model: u64) {
+        let mut inner = self.lock();
+        let keys: Vec<Key> = inner
+            .map
+            .iter()
+            .filter(|(k, _)| k.model == model)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            if let Some((_, b)) = inner.map.pop(&k) {
+                inner.bytes -= b;
+            }
+        }
+    }
+
     /// Drop every snapshot (e.g. under memory pressure).
     pub fn clear(&self) {
         let mut inner = self.lock();

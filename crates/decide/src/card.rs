@@ -173,6 +173,10 @@ mod tests {
             v(&["kev-latest", "jev-latest"])
         );
         assert_eq!(
+            served_names("Qwen/Qwen3.5-9B-Base", false, &[]),
+            v(&["kev-latest", "jev-latest", "kev-9b"])
+        );
+        assert_eq!(
             served_names("local/base", false, &v(&["kev-latest"])),
             v(&["kev-latest", "jev-latest"])
         );

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use kev_contract::{AnswerError, ContractError, ErrorBody, ErrorKind, WireError};
 use kev_engine::EngineError;
 use kev_tokenize::TokenizeError;
+
+use crate::pinned::PinRefusal;
 use serde_json::{Value, json};
 
 /// A work cap a request is over: the field, the bound and the request's value.
@@ -72,6 +74,13 @@ pub enum Refusal {
     /// A `model` no adapter answers to, under `--strict-models` (400 `api_usage_error`).
     #[error("Unknown model: {0}")]
     UnknownModel(String),
+    /// A `model` naming an adapter that was removed while the service ran (404).
+    #[error("adapter {0:?} is not served: it was removed")]
+    AdapterGone(String),
+    /// A pinned state named that is not there (404) or not the request's `state` (422), or a pin that
+    /// does not fit its key's share or the budget (429, 413).
+    #[error(transparent)]
+    Pin(#[from] PinRefusal),
 }
 
 impl From<OverCap> for Refusal {
@@ -91,6 +100,14 @@ impl Refusal {
         self.error_body().to_value()
     }
 
+    /// The `Retry-After` (seconds) of a refusal that may pass by waiting (a full pin budget).
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Refusal::Pin(p) => p.retry_after(),
+            _ => None,
+        }
+    }
+
     /// The work cap the request is over, if that is why it was refused.
     pub fn over(&self) -> Option<&OverCap> {
         match self {
@@ -107,6 +124,8 @@ impl WireError for Refusal {
             Refusal::Tokenize(e) => e.kind(),
             Refusal::OverCap(_) => ErrorKind::TooMuchWork,
             Refusal::UnknownModel(_) => ErrorKind::UnknownModel,
+            Refusal::AdapterGone(_) => ErrorKind::NotFound,
+            Refusal::Pin(p) => p.kind(),
         }
     }
 
@@ -126,7 +145,10 @@ impl WireError for Refusal {
                     body
                 }
             }
-            Refusal::UnknownModel(_) => ErrorBody::typed(self.kind(), self.to_string()),
+            Refusal::UnknownModel(_) | Refusal::AdapterGone(_) => {
+                ErrorBody::typed(self.kind(), self.to_string())
+            }
+            Refusal::Pin(p) => p.error_body(),
         }
     }
 }

@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use kev_engine::{
-    ActivationRanges, Arm, Backbone, CpuBackend, Int8Plan, Int8Source, Kernels, LoadOptions,
-    SmoothScope,
+    ActivationRanges, Arm, Backbone, Backend, CpuBackend, Int8Plan, Int8Source, Kernels,
+    LoadOptions, SmoothScope,
 };
 use kev_release::head::KevHead;
 use kev_tokenize::KevTokenizer;
 
+use crate::adapters::{AdapterSpec, LiveSource};
 use crate::calibrate::Calibration;
 use crate::card::{ModelInfo, WeightForm};
 use crate::head::PointerHead;
@@ -69,6 +70,9 @@ pub enum LoadError {
     /// The tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] kev_tokenize::LoadError),
+    /// The machine has too little memory for the arm asked for (checked before the load, `crate::fit`).
+    #[error("{0}")]
+    Memory(String),
     /// A calibration request of the int8 arm was refused or failed.
     #[error("int8 calibration request {index}: {reason}")]
     Calibration {
@@ -130,6 +134,44 @@ pub struct AdapterDir {
     pub dir: PathBuf,
 }
 
+impl AdapterDir {
+    /// The adapters a file lists: `{"adapters": [{"name", "dir"}], "default"?: NAME}`, relative dirs from the
+    /// file's directory (`kev serve --adapters-file`, read again on SIGHUP).
+    pub fn read_file(path: &Path) -> Result<(Vec<AdapterDir>, Option<String>), LoadError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Entry {
+            name: String,
+            dir: PathBuf,
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct File {
+            adapters: Vec<Entry>,
+            default: Option<String>,
+        }
+        let bad = |e: &dyn std::fmt::Display| {
+            LoadError::Unsupported(format!("the adapters file {}: {e}", path.display()))
+        };
+        let text = std::fs::read(path).map_err(|e| bad(&e))?;
+        let file: File = serde_json::from_slice(&text).map_err(|e| bad(&e))?;
+        let root = path.parent().unwrap_or(Path::new("."));
+        let list = file
+            .adapters
+            .into_iter()
+            .map(|e| AdapterDir {
+                dir: if e.dir.is_absolute() {
+                    e.dir
+                } else {
+                    root.join(e.dir)
+                },
+                name: e.name,
+            })
+            .collect();
+        Ok((list, file.default))
+    }
+}
+
 /// The calibration file an adapter directory may carry (served by that adapter's head).
 pub const ADAPTER_CALIBRATION_FILE: &str = "calibration.json";
 
@@ -138,7 +180,8 @@ pub const ADAPTER_CALIBRATION_FILE: &str = "calibration.json";
 /// says: a merged adapter would change the base the others share), so each adapter answers bit for bit as a
 /// single-adapter `exact` service of it would. Refused at start, naming the problem: a directory that is not
 /// a Kev release for this base (a module or shape that does not fit, a head for another base or width, a
-/// different tokenizer), two adapters of one name.
+/// different tokenizer), two adapters of one name. A release served unmerged (several adapters, or the
+/// `exact` form) also takes adapters live ([`Kev::add_adapter`]).
 pub fn load_cpu_adapters(
     spec: &LoadSpec,
     more: &[AdapterDir],
@@ -206,27 +249,46 @@ pub fn load_cpu_adapters(
     let tok_path = opened.files.tok_path.clone();
     let (kev, info) = finish_cpu(spec, Arc::new(backbone), opened.files)?;
     let mut kev = kev;
+    if let (Source::Release { base, .. }, WeightForm::Exact) = (&spec.source, spec.form) {
+        kev = kev.with_live_source(LiveSource {
+            base: base.clone(),
+            default: info.clone(),
+            tokenizer: tok_path.clone(),
+        });
+    }
     for (a, lora) in more.iter().zip(loras) {
-        kev = add_adapter(kev, (&info, &tok_path), a, lora)?;
+        if kev.adapters().iter().any(|x| x.name() == a.name) {
+            return Err(adapter_error(a, "two adapters have this name"));
+        }
+        let bytes = lora.bytes();
+        let source = LiveSource {
+            base: PathBuf::new(),
+            default: info.clone(),
+            tokenizer: tok_path.clone(),
+        };
+        let spec = adapter_spec(&kev, &source, a, lora, bytes)?;
+        tracing::info!(adapter = %a.name, dir = %a.dir.display(), adapter_bytes = bytes, "adapter loaded over the resident base");
+        kev = kev.with_adapter(spec);
     }
     Ok((kev, info))
 }
 
-fn adapter_error(a: &AdapterDir, e: impl std::fmt::Display) -> LoadError {
+pub(crate) fn adapter_error(a: &AdapterDir, e: impl std::fmt::Display) -> LoadError {
     LoadError::Unsupported(format!("adapter {} ({}): {e}", a.name, a.dir.display()))
 }
 
-/// Serve adapter `a` (its LoRA laid out for the backbone) beside the default one.
-fn add_adapter(
-    kev: Kev<CpuBackend>,
-    (default, default_tok): (&ModelInfo, &Path),
+/// What serving adapter `a` takes beside its LoRA (laid out for the backbone, `bytes` of it): its head (for
+/// this base and width), its calibration, the tokenizer check, its card and identity — the same checks and
+/// messages at start and live.
+pub(crate) fn adapter_spec<B: Backend>(
+    kev: &Kev<B>,
+    source: &LiveSource,
     a: &AdapterDir,
-    lora: Arc<kev_engine::Adapter>,
-) -> Result<Kev<CpuBackend>, LoadError> {
+    lora: Arc<B::Adapter>,
+    bytes: usize,
+) -> Result<AdapterSpec<B::Adapter>, LoadError> {
+    let (default, default_tok) = (&source.default, &source.tokenizer);
     let bad = |e: &dyn std::fmt::Display| adapter_error(a, e);
-    if kev.adapters().iter().any(|x| x.name() == a.name) {
-        return Err(bad(&"two adapters have this name"));
-    }
     let (head, head_path) = KevHead::read_dir(&a.dir).map_err(|e| bad(&e))?;
     if head.meta.base != default.base {
         return Err(bad(&format!(
@@ -234,7 +296,7 @@ fn add_adapter(
             head.meta.base, default.base
         )));
     }
-    let hidden = kev_engine::Backend::hidden_size(kev.backend());
+    let hidden = kev.backend().hidden_size();
     let pointer = PointerHead::new(&head, hidden).map_err(|e| bad(&e))?;
     let tok = a.dir.join("tokenizer.json");
     if tok.is_file() && std::fs::read(&tok).ok() != std::fs::read(default_tok).ok() {
@@ -253,20 +315,23 @@ fn add_adapter(
         lora: head.meta.lora.clone(),
         temperature: head.meta.temperature,
         release_date: file_date(&head_path),
-        adapter_bytes: lora.bytes(),
+        adapter_bytes: bytes,
         adapter_sha256: adapter_sha256(&a.dir),
         ..default.clone()
     };
-    let model_id = model_id(&info);
-    tracing::info!(adapter = %a.name, dir = %a.dir.display(), adapter_bytes = info.adapter_bytes, "adapter loaded over the resident base");
-    Ok(kev.with_adapter(crate::service::AdapterSpec {
+    // Each load its own identity in the cache and pins: a directory loaded again (its files changed
+    // meanwhile, perhaps) never meets snapshots of the previous load.
+    static LOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let load = LOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let model_id = model_id(&info) ^ fnv1a(&load.to_le_bytes());
+    Ok(AdapterSpec {
         name: a.name.clone(),
         lora,
         head: pointer,
         calibration,
         model_id,
         info: Some(info),
-    }))
+    })
 }
 
 /// Load a model on the CPU for the int8 arm (whatever `spec.arm` says), its projections quantised with
@@ -336,9 +401,41 @@ struct Opened {
     files: Files,
 }
 
+/// Refuse, before anything is read, a load this machine's memory cannot hold in `arm` (`crate::fit`).
+fn check_memory(spec: &LoadSpec, arm: Arm) -> Result<(), LoadError> {
+    let (config_dir, adapter_bytes) = match &spec.source {
+        Source::Prepared(dir) => (dir.as_path(), 0),
+        Source::Release { base, kev } => (
+            base.as_path(),
+            std::fs::metadata(kev.join("adapter_model.safetensors")).map_or(0, |m| m.len()),
+        ),
+    };
+    match crate::fit::check(
+        config_dir,
+        arm,
+        spec.form,
+        adapter_bytes,
+        spec.settings.pass_tokens,
+    ) {
+        Some(message) => Err(LoadError::Memory(message)),
+        None => Ok(()),
+    }
+}
+
 /// Open the model files; with `int8`, the projections take their int8 form layer by layer as they load
 /// ([`Backbone::load_quantised`]).
 fn open_cpu(spec: &LoadSpec, int8: Option<Int8Source<'_>>) -> Result<Opened, LoadError> {
+    // The float arms hold the same BF16 panels (int8 loads quantise layer by layer, so never hold them all).
+    check_memory(
+        spec,
+        match int8 {
+            Some(_) => Arm::Int8,
+            None => match spec.arm.unwrap_or_else(default_arm) {
+                Arm::Int8 => Arm::Fp32,
+                other => other,
+            },
+        },
+    )?;
     let load = |dir: &Path, opts: &LoadOptions| match int8 {
         Some(source) => Backbone::load_quantised(dir, opts, source),
         None => Backbone::load(dir, opts),

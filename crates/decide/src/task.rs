@@ -53,11 +53,12 @@ enum Progress<S> {
     Finished,
 }
 
-/// The readouts of a task's questions so far, in question order.
+/// The readouts of a task's questions so far, in question order, and the time the head took over them.
 #[derive(Default)]
 struct Readouts {
     probabilities: Vec<Vec<f32>>,
     logits: Vec<Vec<f64>>,
+    took: std::time::Duration,
 }
 
 impl Readouts {
@@ -65,6 +66,7 @@ impl Readouts {
         Readouts {
             probabilities: Vec::with_capacity(n),
             logits: Vec::with_capacity(n),
+            took: std::time::Duration::ZERO,
         }
     }
 
@@ -146,29 +148,32 @@ pub(crate) enum Piece {
     Finished,
 }
 
-/// One row of a pass: its grant, tokens, wanted positions and adapter.
-struct RowSrc<'k, A> {
+/// One row of a pass: its grant, tokens, wanted positions and adapter. The row holds its adapter's LoRA for
+/// the pass (an adapter removed meanwhile lives until the pass ends).
+struct RowSrc<A> {
     grant: usize,
     tokens: Vec<u32>,
     wanted: Vec<usize>,
-    lora: Option<&'k A>,
+    lora: Option<Arc<A>>,
 }
 
 /// Per grant, what a pass's rows gave it.
 struct PassOutputs<S> {
     prefix_state: Vec<Option<S>>,
     readouts: Vec<Vec<Readout>>,
+    /// The time the head took over each grant's readouts.
+    head_time: Vec<std::time::Duration>,
 }
 
 /// Identical prefix pieces (same adapter, same state ids, same span) run once: per grant, the grant whose
 /// row it copies.
 fn twins<S, J: Borrow<Job>>(grants: &[Grant<'_, S, J>], pieces: &[Piece]) -> Vec<Option<usize>> {
-    let mut first_of: HashMap<(usize, &[u32], usize, usize), usize> = HashMap::new();
+    let mut first_of: HashMap<(u64, &[u32], usize, usize), usize> = HashMap::new();
     let mut twin = vec![None; grants.len()];
     for (i, piece) in pieces.iter().enumerate() {
         if let Piece::Prefix { from, to } = *piece {
             let job = grants[i].task.job();
-            let key = (job.adapter(), job.compiled().state_ids(), from, to);
+            let key = (job.adapter().id(), job.compiled().state_ids(), from, to);
             match first_of.get(&key) {
                 Some(&j) => twin[i] = Some(j),
                 None => {
@@ -291,6 +296,8 @@ impl<B: Backend> Kev<B> {
         grants: &mut [Grant<'_, B::State, J>],
         lane: Lane,
     ) -> Vec<Step> {
+        // Adapters removed while their last jobs ran go now that those are done.
+        self.sweep_adapters();
         // 1. What each task runs; a fresh task asks the cache first.
         let mut pieces = Vec::with_capacity(grants.len());
         for g in grants.iter_mut() {
@@ -344,14 +351,14 @@ impl<B: Backend> Kev<B> {
         grants: &[Grant<'_, B::State, J>],
         pieces: &[Piece],
         twin: &[Option<usize>],
-    ) -> (Vec<RowSrc<'_, B::Adapter>>, Vec<B::State>) {
+    ) -> (Vec<RowSrc<B::Adapter>>, Vec<B::State>) {
         let mut srcs = Vec::new();
         let mut states = Vec::new();
         for (i, piece) in pieces.iter().enumerate() {
             let task = &*grants[i].task;
             let compiled = task.job().compiled();
             let ids = compiled.state_ids();
-            let lora = self.adapter_of(task.job()).lora();
+            let lora = self.adapter_of(task.job()).lora.clone();
             match (*piece, &task.progress) {
                 (Piece::Prefix { from, to }, Progress::Prefix { state, .. })
                     if twin[i].is_none() =>
@@ -372,7 +379,7 @@ impl<B: Backend> Kev<B> {
                             grant: i,
                             tokens,
                             wanted,
-                            lora,
+                            lora: lora.clone(),
                         });
                     }
                 }
@@ -385,7 +392,7 @@ impl<B: Backend> Kev<B> {
     /// Run the pass's rows in `lane`: each row's hidden states at its wanted positions.
     fn run_rows(
         &self,
-        srcs: &[RowSrc<'_, B::Adapter>],
+        srcs: &[RowSrc<B::Adapter>],
         states: &mut [B::State],
         lane: Lane,
     ) -> Result<Vec<Vec<f32>>, kev_engine::EngineError> {
@@ -399,7 +406,7 @@ impl<B: Backend> Kev<B> {
                 state,
                 tokens: &s.tokens,
                 wanted: &s.wanted,
-                adapter: s.lora,
+                adapter: s.lora.as_deref(),
             })
             .collect();
         self.count_pass(rows.len());
@@ -418,12 +425,13 @@ impl<B: Backend> Kev<B> {
         &self,
         grants: &[Grant<'_, B::State, J>],
         pieces: &[Piece],
-        srcs: &[RowSrc<'_, B::Adapter>],
+        srcs: &[RowSrc<B::Adapter>],
         (states, hidden): (Vec<B::State>, Vec<Vec<f32>>),
     ) -> PassOutputs<B::State> {
         let mut out = PassOutputs {
             prefix_state: (0..grants.len()).map(|_| None).collect(),
             readouts: (0..grants.len()).map(|_| Vec::new()).collect(),
+            head_time: vec![std::time::Duration::ZERO; grants.len()],
         };
         for ((src, state), h) in srcs.iter().zip(states).zip(hidden) {
             let g = src.grant;
@@ -433,7 +441,9 @@ impl<B: Backend> Kev<B> {
                     // Rows run in question order from `from`: the calibration is chosen per question kind.
                     let job = grants[g].task.job();
                     let kind = job.question_kind(from + out.readouts[g].len());
+                    let started = std::time::Instant::now();
                     out.readouts[g].push(self.adapter_of(job).head().readout(&h, kind));
+                    out.head_time[g] += started.elapsed();
                 }
                 Piece::Finished => {}
             }
@@ -480,6 +490,7 @@ impl<B: Backend> Kev<B> {
                     for r in out.readouts[i].drain(..) {
                         answered.push(r);
                     }
+                    answered.took += out.head_time[i];
                     *next = to;
                     to == task.row_lens.len()
                 } else {
@@ -493,6 +504,7 @@ impl<B: Backend> Kev<B> {
                         task.job(),
                         answered.probabilities,
                         answered.logits,
+                        answered.took,
                     ));
                 }
                 None

@@ -19,14 +19,14 @@ use support::mini;
 /// The served adapters: kev-mini's own (the default) and the two fine-tunes.
 const NAMES: [&str; 3] = ["kev", "support", "ops"];
 
-fn dir_of(name: &str) -> PathBuf {
+pub(crate) fn dir_of(name: &str) -> PathBuf {
     match name {
         "kev" => mini().join("kev"),
         other => mini().join("adapters").join(other),
     }
 }
 
-fn spec(kev: &Path, arm: Arm, settings: Settings) -> LoadSpec {
+pub(crate) fn spec(kev: &Path, arm: Arm, settings: Settings) -> LoadSpec {
     LoadSpec {
         source: Source::Release {
             base: mini().join("base"),
@@ -38,7 +38,7 @@ fn spec(kev: &Path, arm: Arm, settings: Settings) -> LoadSpec {
     }
 }
 
-fn settings() -> Settings {
+pub(crate) fn settings() -> Settings {
     Settings {
         cache_bytes: Some(64 << 20),
         strict_models: true,
@@ -57,7 +57,7 @@ fn more() -> Vec<AdapterDir> {
 }
 
 /// Base + all three adapters, `kev` the default.
-fn multi(arm: Arm) -> Kev<CpuBackend> {
+pub(crate) fn multi(arm: Arm) -> Kev<CpuBackend> {
     load_cpu_adapters(&spec(&dir_of("kev"), arm, settings()), &more())
         .unwrap_or_else(|e| panic!("loading the adapters: {e}"))
         .0
@@ -71,9 +71,9 @@ fn solo(name: &str, arm: Arm) -> Kev<CpuBackend> {
         .0
 }
 
-struct Case {
-    id: String,
-    body: String,
+pub(crate) struct Case {
+    pub(crate) id: String,
+    pub(crate) body: String,
     /// Per question, the reference arm's probabilities under each adapter (NAMES order).
     reference: Vec<Vec<Vec<f64>>>,
 }
@@ -94,7 +94,7 @@ fn probs(rec: &Value) -> Vec<Vec<f64>> {
         .collect()
 }
 
-fn cases() -> &'static [Case] {
+pub(crate) fn cases() -> &'static [Case] {
     static CASES: OnceLock<Vec<Case>> = OnceLock::new();
     CASES.get_or_init(|| {
         let read = |p: PathBuf| -> Vec<Value> {
@@ -130,18 +130,18 @@ fn cases() -> &'static [Case] {
 }
 
 /// The body with `"model": name` first (the rest byte-identical).
-fn with_model(body: &str, name: &str) -> Vec<u8> {
+pub(crate) fn with_model(body: &str, name: &str) -> Vec<u8> {
     format!("{{\"model\":{},{}", serde_json::json!(name), &body[1..]).into_bytes()
 }
 
-fn answer(kev: &Kev<CpuBackend>, body: &[u8], what: &str) -> Vec<Vec<f32>> {
+pub(crate) fn answer(kev: &Kev<CpuBackend>, body: &[u8], what: &str) -> Vec<Vec<f32>> {
     kev.decide(body)
         .unwrap_or_else(|r| panic!("{what}: refused {}", r.body()))
         .unwrap_or_else(|e| panic!("{what}: {e}"))
         .probabilities
 }
 
-fn bits(p: &[Vec<f32>]) -> Vec<Vec<u32>> {
+pub(crate) fn bits(p: &[Vec<f32>]) -> Vec<Vec<u32>> {
     p.iter()
         .map(|q| q.iter().map(|x| x.to_bits()).collect())
         .collect()
