@@ -3,7 +3,7 @@
 //!
 //! The body is `{model?, requests: [request, ...], x_logits?}`, or the shorthand
 //! `{model?, states: [state, ...], questions: {...}, x_logits?}` (one request per state, every one asking the same
-//! questions). An entry without its own `model` (or `x_logits`) takes the batch's. The answer is
+//! questions). An entry without its own `model` (or `x_logits`, `x_priority`, `x_deadline_ms`) takes the batch's. The answer is
 //! `{model, results: [...], usage, x_latency_ms}`, results in input order, each exactly the body
 //! `/v1/systemone` answers for that entry alone (its `x_latency_ms` the engine time of its own passes) or
 //! `{"status", "error"}` with the status and body that entry alone would have been refused with — one bad entry
@@ -19,13 +19,21 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::Response;
-use kev_contract::ContractError;
+use kev_contract::{ContractError, ErrorDetail};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::pipeline::{Admitted, Answers, Route, handle, ms};
 use crate::wire::{invalid, parse_json};
-use crate::{App, Decider};
+use crate::{App, Body, Decider};
+
+/// The fields an entry takes from the batch when it does not say them itself.
+const INHERITED: [&str; 4] = [
+    "model",
+    kev_decide::LOGITS_FIELD,
+    kev_decide::urgency::PRIORITY_FIELD,
+    kev_decide::urgency::DEADLINE_FIELD,
+];
 
 /// The model name a batch without one echoes (as `/v1/systemone` does).
 const DEFAULT_MODEL: &str = "kev-latest";
@@ -71,7 +79,19 @@ fn entries(v: Value) -> Result<(Vec<Value>, String), ApiError> {
         return Err(object_error(v));
     };
     let mut errors = Vec::new();
-    let model = match fields.get("model") {
+    let model = batch_model(&fields, &mut errors);
+    check_logits(&fields, &mut errors);
+    let bodies = entry_bodies(&fields, &mut errors);
+    let Some(mut bodies) = bodies.filter(|_| errors.is_empty()) else {
+        return Err(ContractError::Invalid(errors).into());
+    };
+    inherit(&fields, &mut bodies);
+    Ok((bodies, model.unwrap_or_else(|| DEFAULT_MODEL.to_owned())))
+}
+
+/// The batch's own `model`, if it says one (a non-string one is an error).
+fn batch_model(fields: &Map<String, Value>, errors: &mut Vec<ErrorDetail>) -> Option<String> {
+    match fields.get("model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(other) => {
@@ -84,34 +104,60 @@ fn entries(v: Value) -> Result<(Vec<Value>, String), ApiError> {
             ));
             None
         }
-    };
-    let list = |key: &str, errors: &mut Vec<_>| -> Option<Vec<Value>> {
-        match fields.get(key)? {
-            Value::Array(items) if items.is_empty() => {
-                errors.push(invalid(
-                    &[key],
-                    "too_short",
-                    "List should have at least 1 item after validation, not 0",
-                    json!([]),
-                    Some(json!({"field_type": "List", "min_length": 1, "actual_length": 0})),
-                ));
-                None
-            }
-            Value::Array(items) => Some(items.clone()),
-            other => {
-                errors.push(invalid(
-                    &[key],
-                    "list_type",
-                    "Input should be a valid list",
-                    other.clone(),
-                    None,
-                ));
-                None
-            }
+    }
+}
+
+/// The batch's `x_logits` is the batch's own field: a bad one refuses the batch, as `/v1/systemone` refuses
+/// a request with one (each entry's own is its entry's).
+fn check_logits(fields: &Map<String, Value>, errors: &mut Vec<ErrorDetail>) {
+    if let Some(flag) = fields.get(kev_decide::LOGITS_FIELD)
+        && !flag.is_boolean()
+    {
+        errors.push(invalid(
+            &[kev_decide::LOGITS_FIELD],
+            "bool_type",
+            "Input should be a valid boolean",
+            flag.clone(),
+            None,
+        ));
+    }
+}
+
+/// The non-empty list at `key`, if there is one (a list that is empty or not a list is an error).
+fn list(
+    fields: &Map<String, Value>,
+    key: &str,
+    errors: &mut Vec<ErrorDetail>,
+) -> Option<Vec<Value>> {
+    match fields.get(key)? {
+        Value::Array(items) if items.is_empty() => {
+            errors.push(invalid(
+                &[key],
+                "too_short",
+                "List should have at least 1 item after validation, not 0",
+                json!([]),
+                Some(json!({"field_type": "List", "min_length": 1, "actual_length": 0})),
+            ));
+            None
         }
-    };
+        Value::Array(items) => Some(items.clone()),
+        other => {
+            errors.push(invalid(
+                &[key],
+                "list_type",
+                "Input should be a valid list",
+                other.clone(),
+                None,
+            ));
+            None
+        }
+    }
+}
+
+/// The entries' bodies as the batch sends them: its `requests`, or one `{state, questions}` per state.
+fn entry_bodies(fields: &Map<String, Value>, errors: &mut Vec<ErrorDetail>) -> Option<Vec<Value>> {
     let has = |k: &str| fields.contains_key(k);
-    let bodies: Option<Vec<Value>> = match (has("requests"), has("states")) {
+    match (has("requests"), has("states")) {
         (true, true) => {
             errors.push(invalid(
                 &[],
@@ -132,9 +178,9 @@ fn entries(v: Value) -> Result<(Vec<Value>, String), ApiError> {
             ));
             None
         }
-        (true, false) => list("requests", &mut errors),
+        (true, false) => list(fields, "requests", errors),
         (false, true) => {
-            let states = list("states", &mut errors);
+            let states = list(fields, "states", errors);
             let questions = fields.get("questions").cloned();
             if questions.is_none() {
                 errors.push(invalid(
@@ -155,16 +201,16 @@ fn entries(v: Value) -> Result<(Vec<Value>, String), ApiError> {
                 _ => None,
             }
         }
-    };
-    let Some(mut bodies) = bodies.filter(|_| errors.is_empty()) else {
-        return Err(ContractError::Invalid(errors).into());
-    };
-    // What an entry does not say, the batch says for it.
-    let inherited: Vec<(&str, &Value)> = ["model", kev_decide::LOGITS_FIELD]
+    }
+}
+
+/// What an entry does not say, the batch says for it.
+fn inherit(fields: &Map<String, Value>, bodies: &mut [Value]) {
+    let inherited: Vec<(&str, &Value)> = INHERITED
         .into_iter()
         .filter_map(|k| fields.get(k).map(|v| (k, v)))
         .collect();
-    for body in &mut bodies {
+    for body in bodies {
         if let Value::Object(entry) = body {
             for (k, v) in &inherited {
                 if !entry.contains_key(*k) {
@@ -173,53 +219,39 @@ fn entries(v: Value) -> Result<(Vec<Value>, String), ApiError> {
             }
         }
     }
-    Ok((bodies, model.unwrap_or_else(|| DEFAULT_MODEL.to_owned())))
 }
 
 impl<D: Decider> Route<D> for Batch {
     type Plan = BatchPlan;
 
-    fn split(&self, _: &D, bytes: Vec<u8>) -> Result<(Vec<Vec<u8>>, BatchPlan), ApiError> {
+    fn split(
+        &self,
+        _: &D,
+        _: Option<&str>,
+        bytes: Vec<u8>,
+    ) -> Result<(Vec<Body<'static>>, BatchPlan), ApiError> {
+        // The batch is read once; each entry goes to admission as the value read, never written back.
         let (bodies, model) = entries(parse_json(&bytes)?)?;
-        // `compact_json` writes kept lone surrogates back as `\uXXXX`: each entry reads as it was sent.
-        let bodies: Vec<Vec<u8>> = bodies
-            .iter()
-            .map(|b| kev_contract::compact_json(b).into_bytes())
-            .collect();
         let plan = BatchPlan {
             entries: bodies.len(),
             model,
         };
-        Ok((bodies, plan))
+        Ok((bodies.into_iter().map(Body::Value).collect(), plan))
     }
 
-    /// Each entry may name a pinned state of the requester's (`x_state_id`), resolved entry by entry: an entry
-    /// whose pin is missing (or another key's) is refused in its place, as it would be alone.
+    /// Each entry on its own: one naming a pinned state (`x_state_id`) gets the requester's, and a missing one
+    /// (or another key's) is refused in its place, as it would be alone.
     fn admit(
         &self,
         decider: &D,
         owner: Option<&str>,
-        bodies: &[Vec<u8>],
+        parts: Vec<Body<'static>>,
     ) -> Result<Admitted<D::Job>, ApiError> {
-        let mut unresolved = Vec::new();
-        let resolved: Vec<Vec<u8>> = bodies
-            .iter()
-            .enumerate()
-            .map(
-                |(i, b)| match crate::state_ref::resolve(decider, owner, b.clone()) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        unresolved.push((i, e));
-                        b.clone()
-                    }
-                },
-            )
-            .collect();
-        let mut admitted = decider.admit_batch(&resolved)?;
-        for (i, e) in unresolved {
-            admitted[i] = Err(e);
-        }
-        Ok(admitted)
+        decider.admit_batch(parts, owner)
+    }
+
+    fn independent_parts(&self) -> bool {
+        true
     }
 
     fn merge(&self, _: &D, plan: BatchPlan, answers: Answers) -> Result<Value, ApiError> {

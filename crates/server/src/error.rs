@@ -109,6 +109,36 @@ impl ApiError {
         .with_retry_after(retry_after)
     }
 
+    /// The body-read permits left are the reserve, and this peer address (or key) holds its share already.
+    pub fn bodies_over_share(permits: usize, retry_after: u64) -> Self {
+        Self::typed(
+            ErrorKind::QueueFull,
+            format!(
+                "this address (or API key) is already sending its share of the {permits} request bodies the server reads at once; retry after {retry_after} s"
+            ),
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// This peer address holds its share of the connections (`--max-connections-per-ip`).
+    pub fn connections_per_peer(limit: usize, retry_after: u64) -> Self {
+        Self::typed(
+            ErrorKind::QueueFull,
+            format!(
+                "this address already holds {limit} connections, the most one address may (--max-connections-per-ip); retry after {retry_after} s"
+            ),
+        )
+        .with_retry_after(retry_after)
+    }
+
+    /// The drain deadline passed before the request was answered: it was stopped.
+    pub fn drained() -> Self {
+        Self::typed(
+            ErrorKind::Unavailable,
+            "the server is stopping and its drain deadline passed before this request was answered; retry on another instance",
+        )
+    }
+
     /// Accepted, but it waited past its deadline before the engine could take it.
     pub fn overloaded(waited_ms: u128, retry_after: u64) -> Self {
         Self::typed(
@@ -118,6 +148,30 @@ impl ApiError {
             ),
         )
         .with_retry_after(retry_after)
+    }
+
+    /// The request's own deadline passed: while it waited (`started` false: it was never run) or while it ran
+    /// (stopped before its next pass).
+    pub fn deadline_passed(deadline_ms: u128, started: bool) -> Self {
+        let what = if started {
+            "while it ran: it was stopped before its next engine pass"
+        } else {
+            "while it waited for the engine: it was not run"
+        };
+        Self::typed(
+            ErrorKind::DeadlinePassed,
+            format!("the request's deadline of {deadline_ms} ms passed {what}"),
+        )
+    }
+
+    /// A key whose policy does not let it use this adapter (names the key and adapter, never the secret).
+    pub fn adapter_forbidden(key: &str, adapter: &str) -> Self {
+        Self::typed(
+            ErrorKind::Forbidden,
+            format!(
+                "API key {key:?} may not use adapter {adapter:?} (its policy in the keys file lists the adapters it may use)"
+            ),
+        )
     }
 
     /// The model is still loading or warming up.

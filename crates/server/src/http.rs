@@ -21,7 +21,9 @@ use tower_http::trace::TraceLayer;
 use utoipa::openapi::path::{HttpMethod, Operation};
 
 use crate::error::{ApiError, http_status};
-use crate::wire::{KeyPass, REQUEST_ID, error_response, json_response, request_id};
+use crate::wire::{
+    KeyPass, REQUEST_ID, bearer_credentials, error_response, json_response, request_id,
+};
 use crate::{App, Decider};
 
 /// The whole HTTP surface of an [`App`]: every [`Endpoint`] mounted at the path and method its
@@ -35,7 +37,8 @@ pub fn router<D: Decider>(app: Arc<App<D>>) -> Router {
             .map(method_filter)
             .reduce(MethodFilter::or)
             .unwrap_or(MethodFilter::GET);
-        if path.starts_with("/v1/") {
+        // The admin routes check their own key (an admin key need not be an API key).
+        if path.starts_with("/v1/") && !e.admin() {
             v1 = v1.route(&path, e.handler::<D>(filter));
         } else {
             open = open.route(&path, e.handler::<D>(filter));
@@ -85,14 +88,18 @@ pub(crate) enum Endpoint {
     Separate,
     Models,
     Health,
+    Live,
     Ready,
     Metrics,
     OpenApi,
+    Adapters,
+    AdapterAdd,
+    AdapterRemove,
 }
 
 impl Endpoint {
     /// Every endpoint, in the order the document lists them.
-    pub(crate) const ALL: [Endpoint; 12] = [
+    pub(crate) const ALL: [Endpoint; 16] = [
         Endpoint::SystemOne,
         Endpoint::Batch,
         Endpoint::Pin,
@@ -102,9 +109,13 @@ impl Endpoint {
         Endpoint::Separate,
         Endpoint::Models,
         Endpoint::Health,
+        Endpoint::Live,
         Endpoint::Ready,
         Endpoint::Metrics,
         Endpoint::OpenApi,
+        Endpoint::Adapters,
+        Endpoint::AdapterAdd,
+        Endpoint::AdapterRemove,
     ];
 
     /// Its path, methods and operation, as its handler's `#[utoipa::path]` declares them.
@@ -122,10 +133,22 @@ impl Endpoint {
             Endpoint::Separate => of::<crate::tools::__path_separate>(),
             Endpoint::Models => of::<__path_models>(),
             Endpoint::Health => of::<__path_health>(),
+            Endpoint::Live => of::<__path_live>(),
             Endpoint::Ready => of::<__path_ready>(),
             Endpoint::Metrics => of::<__path_metrics_text>(),
             Endpoint::OpenApi => of::<__path_openapi>(),
+            Endpoint::Adapters => of::<crate::admin::__path_list>(),
+            Endpoint::AdapterAdd => of::<crate::admin::__path_add>(),
+            Endpoint::AdapterRemove => of::<crate::admin::__path_remove>(),
         }
+    }
+
+    /// Whether it is an adapter admin route (`crate::admin`: its own key check).
+    pub(crate) fn admin(self) -> bool {
+        matches!(
+            self,
+            Endpoint::Adapters | Endpoint::AdapterAdd | Endpoint::AdapterRemove
+        )
     }
 
     /// Whether it answers decisions: through the admission pipeline (`crate::pipeline`), every one.
@@ -151,9 +174,13 @@ impl Endpoint {
             Endpoint::Separate => on(filter, crate::tools::separate::<D>),
             Endpoint::Models => on(filter, models::<D>),
             Endpoint::Health => on(filter, health),
+            Endpoint::Live => on(filter, live),
             Endpoint::Ready => on(filter, ready::<D>),
             Endpoint::Metrics => on(filter, metrics_text::<D>),
             Endpoint::OpenApi => on(filter, openapi::<D>),
+            Endpoint::Adapters => on(filter, crate::admin::list::<D>),
+            Endpoint::AdapterAdd => on(filter, crate::admin::add::<D>),
+            Endpoint::AdapterRemove => on(filter, crate::admin::remove::<D>),
         }
     }
 }
@@ -244,17 +271,6 @@ async fn bearer_key(
     resp
 }
 
-/// The credentials of `Authorization: Bearer <token>`: the scheme is case-insensitive (RFC 9110 §11.1),
-/// followed by one or more spaces; `None` for another scheme.
-fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = value.split_at_checked(6)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
-        return None;
-    }
-    let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
-    Some(&rest[start..])
-}
-
 /// The process's resident and peak resident bytes (Linux only).
 fn process_memory() -> Option<(u64, u64)> {
     use kev_decide::memory;
@@ -310,7 +326,20 @@ async fn health() -> Response {
     json_response(StatusCode::OK, &json!({"status": "ok"}))
 }
 
-/// Readiness: 200 once the warm-up decision succeeded and new work would not be shed
+/// Liveness: 200 while the process serves HTTP (for a liveness probe: it never depends on the model, the
+/// queue or the canary, so a busy or unready server is not restarted for it)
+#[utoipa::path(
+    get,
+    path = "/live",
+    responses((status = 200, description = "The process serves", body = crate::schemas::Health,
+        example = json!({"status": "ok"}))),
+)]
+async fn live() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+/// Readiness: 200 once the warm-up decision succeeded, while the latest canary decision matches its answer at
+/// start and new work would not be shed
 #[utoipa::path(
     get,
     path = "/ready",
@@ -344,6 +373,10 @@ async fn ready<D: Decider>(State(app): State<Arc<App<D>>>) -> Response {
         json_response(StatusCode::OK, &body)
     } else if app.draining.load(std::sync::atomic::Ordering::SeqCst) {
         ApiError::draining().into_response()
+    } else if let Some(why) = app.canary.failing() {
+        ApiError::typed(ErrorKind::NotReady, why)
+            .with_retry_after(1)
+            .into_response()
     } else {
         ApiError::not_ready().into_response()
     }
@@ -384,17 +417,25 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: Heade
     metrics::gauge!("kev_pinned_states").set(s.pins.entries as f64);
     metrics::gauge!("kev_pinned_state_bytes").set(s.pins.bytes as f64);
     metrics::gauge!("kev_pinned_state_budget_bytes").set(s.pins.budget as f64);
+    metrics::gauge!("kev_adapters_retired").set(s.adapters_retired as f64);
+    metrics::gauge!("kev_pinned_state_reserved_bytes").set(s.pins.reserved as f64);
     let q = app.queue.stats();
     use std::sync::atomic::Ordering::Relaxed;
     let bodies = q.rejected_bodies.load(Relaxed);
     metrics::counter!("kev_queue_rejected_total").absolute(q.rejected_full.load(Relaxed) + bodies);
     metrics::counter!("kev_body_permits_rejected_total").absolute(bodies);
     metrics::counter!("kev_queue_expired_total").absolute(q.expired.load(Relaxed));
+    metrics::counter!("kev_queue_deadline_expired_total")
+        .absolute(q.deadline_expired.load(Relaxed));
+    for (p, n) in crate::Priority::ALL.iter().zip(&q.waiting_by_priority) {
+        metrics::gauge!("kev_queue_waiting", "priority" => p.name()).set(n.load(Relaxed) as f64);
+    }
     metrics::counter!("kev_queue_abandoned_total").absolute(q.abandoned.load(Relaxed));
     metrics::counter!("kev_engine_cancelled_total").absolute(q.cancelled.load(Relaxed));
     metrics::counter!("kev_engine_partial_pieces_total").absolute(q.partial_pieces.load(Relaxed));
-    metrics::counter!("kev_engine_lane_holds_released_total")
-        .absolute(q.lane_holds_released.load(Relaxed));
+    metrics::gauge!("kev_long_lane_share").set(app.config.long_lane_share_in_force());
+    metrics::counter!("kev_long_lane_holds_total").absolute(q.lane_holds.load(Relaxed));
+    metrics::gauge!("kev_long_lane_held_seconds").set(q.lane_held_ms.load(Relaxed) as f64 / 1000.0);
     metrics::counter!("kev_engine_scheduled_passes_total").absolute(q.passes.load(Relaxed));
     metrics::gauge!("kev_queue_depth").set(app.queue.depth() as f64);
     metrics::gauge!("kev_queue_capacity").set(app.queue.capacity() as f64);
@@ -402,12 +443,47 @@ async fn metrics_text<D: Decider>(State(app): State<Arc<App<D>>>, headers: Heade
     metrics::gauge!("kev_engine_running").set(q.running.load(Relaxed) as f64);
     metrics::gauge!("kev_engine_inflight_tokens").set(q.inflight_tokens.load(Relaxed) as f64);
     metrics::gauge!("kev_ready").set(if app.is_ready() { 1.0 } else { 0.0 });
-    let mut resp = app.metrics.render().into_response();
+    let mut text = app.metrics.render();
+    adapter_lines(&mut text, &app.decider.adapter_cards());
+    let mut resp = text.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     resp
+}
+
+/// The adapters served at this moment (written here, not through the recorder, so that a removed adapter's
+/// series go at once): `kev_adapter_loaded{adapter}` 1 each, `kev_adapter_bytes{adapter}`.
+fn adapter_lines(text: &mut String, cards: &[(String, Value)]) {
+    use std::fmt::Write;
+    if cards.is_empty() {
+        return;
+    }
+    let label = |n: &str| {
+        n.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let _ = writeln!(
+        text,
+        "# HELP kev_adapter_loaded Adapters served now (1 each; a removed adapter's series goes at once)\n# TYPE kev_adapter_loaded gauge"
+    );
+    for (name, _) in cards {
+        let _ = writeln!(text, "kev_adapter_loaded{{adapter=\"{}\"}} 1", label(name));
+    }
+    let _ = writeln!(
+        text,
+        "# HELP kev_adapter_bytes Bytes of each served adapter's own LoRA tensors\n# TYPE kev_adapter_bytes gauge"
+    );
+    for (name, card) in cards {
+        let bytes = card["x_adapter_bytes"].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            text,
+            "kev_adapter_bytes{{adapter=\"{}\"}} {bytes}",
+            label(name)
+        );
+    }
 }
 
 /// This document

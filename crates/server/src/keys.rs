@@ -1,7 +1,8 @@
 //! Named API keys, each with its own limits (`kev serve --api-keys FILE`; `KEV_API_KEY` stays one unnamed key).
 //!
 //! The file is JSON: `{"keys": [{"name": "alice", "key": "…", "requests_per_second": 5, "tokens_per_minute":
-//! 200000, "concurrent": 4}, …]}` — every limit optional (absent: none). A request to `/v1/*` presents
+//! 200000, "concurrent": 4, "pin_bytes": 268435456}, …]}` — every limit optional (absent: none; for
+//! `pin_bytes`, an even share of the pinned-state budget, [`Keys::pin_share`]). A request to `/v1/*` presents
 //! `Authorization: Bearer <key>`; the key is compared with **every** entry in constant time (`subtle`), so
 //! neither the answer's timing nor its position in the file tells a guesser anything. Then its limits, before
 //! the body is read:
@@ -12,6 +13,13 @@
 //!   the bucket is not in debt, and its admitted input tokens (`usage.input_tokens`, every part of a fan-out or
 //!   batch) are charged when it is admitted, so a large request may take the bucket into debt and the key waits
 //!   until it is paid back (429 with the seconds that takes). Refused requests cost nothing.
+//!
+//! **Policy**, beside the limits (each optional; absent: no restriction): `"adapters": ["support", …]` — the
+//! adapters the key may use (a request answered by another adapter — its `model` resolved as the server resolves
+//! it — gets 403 `permission_error` naming the key and the adapter, never the secret; a batch entry is refused
+//! in its place); `"default_priority"` and `"max_priority"` (`high | normal | low`: what the key's requests get
+//! when they ask nothing, and the most they may get, see `crate::urgency`); `"admin": true` — the key may use the
+//! adapter admin routes (`/v1/adapters`).
 //!
 //! The 429s are this key's alone (`rate_limit_error`, the message names the key and the limit, never the
 //! secret); other keys are not slowed. `/metrics` counts per key name: `kev_key_requests_total{key, status}`,
@@ -27,7 +35,9 @@ use std::time::Instant;
 
 use subtle::ConstantTimeEq;
 
+use crate::Priority;
 use crate::error::ApiError;
+use crate::urgency::PriorityPolicy;
 
 /// The name the unnamed key (`KEV_API_KEY`, `--api-key-file`) goes by in metrics and logs.
 pub const UNNAMED: &str = "default";
@@ -41,6 +51,20 @@ pub struct KeyLimits {
     pub tokens_per_minute: Option<f64>,
     /// Requests in flight at once.
     pub concurrent: Option<usize>,
+    /// Bytes of pinned states this key may hold (its share of `--pin-bytes`; absent: an even split of what
+    /// the keys with an entry of their own leave, [`Keys::pin_share`]).
+    pub pin_bytes: Option<usize>,
+}
+
+/// What a key may do beyond its limits (see the module docs); the default restricts nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyPolicy {
+    /// The adapters it may use (`None`: every adapter).
+    pub adapters: Option<Vec<String>>,
+    /// Its requests' priorities.
+    pub priority: PriorityPolicy,
+    /// Whether it may use the adapter admin routes.
+    pub admin: bool,
 }
 
 /// One entry of the keys file.
@@ -52,6 +76,20 @@ struct FileEntry {
     requests_per_second: Option<f64>,
     tokens_per_minute: Option<f64>,
     concurrent: Option<usize>,
+    pin_bytes: Option<usize>,
+    adapters: Option<Vec<String>>,
+    default_priority: Option<String>,
+    max_priority: Option<String>,
+    #[serde(default)]
+    admin: bool,
+}
+
+/// A checked entry of the keys file.
+struct Entry {
+    name: String,
+    secret: Vec<u8>,
+    limits: KeyLimits,
+    policy: KeyPolicy,
 }
 
 #[derive(serde::Deserialize)]
@@ -95,11 +133,12 @@ struct Buckets {
     at: Instant,
 }
 
-/// One key: its name, secret, limits and state.
+/// One key: its name, secret, limits, policy and state.
 pub struct Key {
     name: String,
     secret: Vec<u8>,
     limits: KeyLimits,
+    policy: KeyPolicy,
     state: Arc<State>,
 }
 
@@ -109,6 +148,7 @@ impl std::fmt::Debug for Key {
         f.debug_struct("Key")
             .field("name", &self.name)
             .field("limits", &self.limits)
+            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
@@ -132,7 +172,13 @@ impl Pass {
 }
 
 impl Key {
-    fn new(name: String, secret: Vec<u8>, limits: KeyLimits, state: Option<Arc<State>>) -> Self {
+    fn new(e: Entry, state: Option<Arc<State>>) -> Self {
+        let Entry {
+            name,
+            secret,
+            limits,
+            policy,
+        } = e;
         let state = state.unwrap_or_else(|| {
             Arc::new(State {
                 buckets: Mutex::new(Buckets {
@@ -147,8 +193,27 @@ impl Key {
             name,
             secret,
             limits,
+            policy,
             state,
         }
+    }
+
+    /// Its policy.
+    pub fn policy(&self) -> &KeyPolicy {
+        &self.policy
+    }
+
+    /// Whether it may use the adapter named `adapter` (the one a request's `model` resolved to).
+    pub fn may_use(&self, adapter: &str) -> bool {
+        self.policy
+            .adapters
+            .as_ref()
+            .is_none_or(|list| list.iter().any(|a| a == adapter))
+    }
+
+    /// Whether it may use the adapter admin routes.
+    pub fn is_admin(&self) -> bool {
+        self.policy.admin
     }
 
     /// Its name (what metrics and logs say).
@@ -249,8 +314,22 @@ fn positive(path: &Path, name: &str, what: &str, v: Option<f64>) -> Result<(), K
     }
 }
 
-/// Read and check a keys file (names and secrets non-empty and unique, limits positive).
-fn read_file(path: &Path) -> Result<Vec<(String, Vec<u8>, KeyLimits)>, KeysError> {
+/// A priority the keys file names, or what is wrong with it.
+fn priority(name: &str, field: &str, v: Option<String>) -> Result<Option<Priority>, String> {
+    match v {
+        None => Ok(None),
+        Some(text) => Priority::parse(&text).map(Some).ok_or_else(|| {
+            format!(
+                "key {name:?}: {field} must be one of {}, not {text:?}",
+                Priority::expected()
+            )
+        }),
+    }
+}
+
+/// Read and check a keys file (names and secrets non-empty and unique, limits positive, priorities named
+/// and the default within the maximum, adapter names non-empty).
+fn read_file(path: &Path) -> Result<Vec<Entry>, KeysError> {
     let text = std::fs::read(path).map_err(|source| KeysError::Read {
         path: path.to_owned(),
         source,
@@ -261,10 +340,10 @@ fn read_file(path: &Path) -> Result<Vec<(String, Vec<u8>, KeyLimits)>, KeysError
     };
     let file: File = serde_json::from_slice(&text).map_err(|e| {
         invalid(format!(
-            "not a keys file ({e}); expected {{\"keys\": [{{\"name\", \"key\", \"requests_per_second\"?, \"tokens_per_minute\"?, \"concurrent\"?}}]}}"
+            "not a keys file ({e}); expected {{\"keys\": [{{\"name\", \"key\", \"requests_per_second\"?, \"tokens_per_minute\"?, \"concurrent\"?, \"pin_bytes\"?, \"adapters\"?, \"default_priority\"?, \"max_priority\"?, \"admin\"?}}]}}"
         ))
     })?;
-    let mut out: Vec<(String, Vec<u8>, KeyLimits)> = Vec::new();
+    let mut out: Vec<Entry> = Vec::new();
     for e in file.keys {
         if e.name.trim().is_empty() || e.key.is_empty() {
             return Err(invalid("every key needs a name and a non-empty key".into()));
@@ -274,10 +353,10 @@ fn read_file(path: &Path) -> Result<Vec<(String, Vec<u8>, KeyLimits)>, KeysError
                 "the name {UNNAMED:?} is the unnamed key's (KEV_API_KEY); choose another"
             )));
         }
-        if out.iter().any(|(n, _, _)| *n == e.name) {
+        if out.iter().any(|x| x.name == e.name) {
             return Err(invalid(format!("the name {:?} is used twice", e.name)));
         }
-        if out.iter().any(|(_, k, _)| k.as_slice() == e.key.as_bytes()) {
+        if out.iter().any(|x| x.secret.as_slice() == e.key.as_bytes()) {
             return Err(invalid(format!(
                 "key {:?} has the same secret as another entry",
                 e.name
@@ -285,21 +364,59 @@ fn read_file(path: &Path) -> Result<Vec<(String, Vec<u8>, KeyLimits)>, KeysError
         }
         positive(path, &e.name, "requests_per_second", e.requests_per_second)?;
         positive(path, &e.name, "tokens_per_minute", e.tokens_per_minute)?;
+        if e.pin_bytes == Some(0) {
+            return Err(invalid(format!(
+                "key {:?}: pin_bytes must be at least 1 (leave it out for an even share)",
+                e.name
+            )));
+        }
         if e.concurrent == Some(0) {
             return Err(invalid(format!(
                 "key {:?}: concurrent must be at least 1",
                 e.name
             )));
         }
-        out.push((
-            e.name,
-            e.key.into_bytes(),
-            KeyLimits {
+        let policy = KeyPolicy {
+            priority: PriorityPolicy {
+                default: priority(&e.name, "default_priority", e.default_priority)
+                    .map_err(invalid)?,
+                max: priority(&e.name, "max_priority", e.max_priority).map_err(invalid)?,
+            },
+            adapters: e.adapters,
+            admin: e.admin,
+        };
+        if let PriorityPolicy {
+            default: Some(d),
+            max: Some(m),
+        } = policy.priority
+            && d > m
+        {
+            return Err(invalid(format!(
+                "key {:?}: default_priority {d} is above its max_priority {m}",
+                e.name
+            )));
+        }
+        if policy
+            .adapters
+            .as_ref()
+            .is_some_and(|list| list.iter().any(|a| a.trim().is_empty()))
+        {
+            return Err(invalid(format!(
+                "key {:?}: an adapter name in its list is empty",
+                e.name
+            )));
+        }
+        out.push(Entry {
+            name: e.name,
+            secret: e.key.into_bytes(),
+            limits: KeyLimits {
                 requests_per_second: e.requests_per_second,
                 tokens_per_minute: e.tokens_per_minute,
                 concurrent: e.concurrent,
+                pin_bytes: e.pin_bytes,
             },
-        ));
+            policy,
+        });
     }
     Ok(out)
 }
@@ -309,7 +426,7 @@ impl Keys {
     pub fn read(path: &Path) -> Result<Self, KeysError> {
         let entries = read_file(path)?
             .into_iter()
-            .map(|(name, secret, limits)| Arc::new(Key::new(name, secret, limits, None)))
+            .map(|e| Arc::new(Key::new(e, None)))
             .collect();
         Ok(Keys {
             path: Some(path.to_owned()),
@@ -332,9 +449,12 @@ impl Keys {
     /// Accept the unnamed key too (without limits; kept across reloads).
     pub fn add_unnamed(&self, secret: &str) {
         let key = Arc::new(Key::new(
-            UNNAMED.into(),
-            secret.as_bytes().to_vec(),
-            KeyLimits::default(),
+            Entry {
+                name: UNNAMED.into(),
+                secret: secret.as_bytes().to_vec(),
+                limits: KeyLimits::default(),
+                policy: KeyPolicy::default(),
+            },
             None,
         ));
         self.fixed
@@ -354,12 +474,12 @@ impl Keys {
         let old = Arc::clone(&current);
         let entries: Vec<Arc<Key>> = fresh
             .into_iter()
-            .map(|(name, secret, limits)| {
+            .map(|e| {
                 let state = old
                     .iter()
-                    .find(|k| k.name == name)
+                    .find(|k| k.name == e.name)
                     .map(|k| Arc::clone(&k.state));
-                Arc::new(Key::new(name, secret, limits, state))
+                Arc::new(Key::new(e, state))
             })
             .collect();
         let n = entries.len();
@@ -385,6 +505,12 @@ impl Keys {
         found
     }
 
+    /// Whether a key in force may use the adapter admin routes.
+    pub fn has_admin(&self) -> bool {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        current.iter().any(|k| k.is_admin())
+    }
+
     /// The names of the keys in force.
     pub fn names(&self) -> Vec<String> {
         let current = self.current.read().unwrap_or_else(|e| e.into_inner());
@@ -394,6 +520,23 @@ impl Keys {
             .chain(current.iter())
             .map(|k| k.name.clone())
             .collect()
+    }
+
+    /// The bytes of pinned state key `name` may hold out of a `budget`: its own `pin_bytes`, else an even
+    /// split between the keys without one of what those with one leave (the whole budget over the keys when
+    /// none says). `None` for a name that is no key's. A key's share is both what it is sure to get and what
+    /// it may hold: pins are never evicted, so room one key borrowed could not be given back to another.
+    pub fn pin_share(&self, name: &str, budget: usize) -> Option<usize> {
+        let current = Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()));
+        let fixed = self.fixed.read().unwrap_or_else(|e| e.into_inner());
+        let all: Vec<&Arc<Key>> = fixed.iter().chain(current.iter()).collect();
+        let key = all.iter().find(|k| k.name == name)?;
+        if let Some(b) = key.limits.pin_bytes {
+            return Some(b);
+        }
+        let said: usize = all.iter().filter_map(|k| k.limits.pin_bytes).sum();
+        let unsaid = all.iter().filter(|k| k.limits.pin_bytes.is_none()).count();
+        Some(budget.saturating_sub(said) / unsaid.max(1))
     }
 
     /// The file the keys come from, if any.
@@ -486,11 +629,88 @@ mod tests {
                 "not a keys file",
             ),
             (r#"{"keys": [{"name": "default", "key": "x"}]}"#, "unnamed"),
+            (
+                r#"{"keys": [{"name": "a", "key": "x", "max_priority": "urgent"}]}"#,
+                "max_priority must be one of 'high', 'normal' or 'low'",
+            ),
+            (
+                r#"{"keys": [{"name": "a", "key": "x", "default_priority": "high", "max_priority": "normal"}]}"#,
+                "above its max_priority",
+            ),
+            (
+                r#"{"keys": [{"name": "a", "key": "x", "adapters": ["ops", " "]}]}"#,
+                "adapter name in its list is empty",
+            ),
+            (
+                r#"{"keys": [{"name": "a", "key": "x", "admin": "yes"}]}"#,
+                "not a keys file",
+            ),
         ] {
             let p = write(dir.path(), text);
             let e = Keys::read(&p).err().unwrap().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
+    }
+
+    #[test]
+    fn policies_are_read_and_follow_a_reload() {
+        let dir = scratch("policies_are");
+        let p = write(
+            dir.path(),
+            r#"{"keys": [{"name": "ops", "key": "so", "adapters": ["ops"], "default_priority": "low", "max_priority": "normal"},
+                          {"name": "root", "key": "sr", "admin": true}]}"#,
+        );
+        let keys = Keys::read(&p).unwrap();
+        let ops = keys.find(b"so").unwrap();
+        assert!(ops.may_use("ops") && !ops.may_use("support"));
+        assert!(!ops.is_admin());
+        assert_eq!(ops.policy().priority.apply(None), Priority::Low);
+        assert_eq!(
+            ops.policy().priority.apply(Some(Priority::High)),
+            Priority::Normal
+        );
+        let root = keys.find(b"sr").unwrap();
+        assert!(root.is_admin() && root.may_use("anything"));
+        assert_eq!(
+            root.policy().priority.apply(Some(Priority::High)),
+            Priority::High
+        );
+        // The policy changes with the file; a key taken before the reload keeps the policy it had.
+        write(
+            dir.path(),
+            r#"{"keys": [{"name": "ops", "key": "so", "adapters": ["ops", "support"]}]}"#,
+        );
+        keys.reload().unwrap();
+        assert!(keys.find(b"so").unwrap().may_use("support"));
+        assert!(!ops.may_use("support"));
+        assert!(keys.find(b"sr").is_none());
+    }
+
+    #[test]
+    fn the_pin_budget_is_split_between_the_keys() {
+        let dir = scratch("pin_share");
+        let p = write(
+            dir.path(),
+            r#"{"keys": [{"name": "a", "key": "sa"}, {"name": "b", "key": "sb"}, {"name": "big", "key": "sc", "pin_bytes": 600}]}"#,
+        );
+        let keys = Keys::read(&p).unwrap();
+        assert_eq!(keys.pin_share("big", 1000), Some(600));
+        assert_eq!(keys.pin_share("a", 1000), Some(200));
+        assert_eq!(keys.pin_share("b", 1000), Some(200));
+        assert_eq!(keys.pin_share("nobody", 1000), None);
+        keys.add_unnamed("s0");
+        assert_eq!(keys.pin_share("default", 900), Some(100));
+        let p = write(
+            dir.path(),
+            r#"{"keys": [{"name": "a", "key": "sa", "pin_bytes": 0}]}"#,
+        );
+        assert!(
+            Keys::read(&p)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("pin_bytes")
+        );
     }
 
     #[test]

@@ -18,7 +18,11 @@
 //! own declarations.
 #![deny(missing_docs)]
 
+mod accept;
+mod admin;
+pub mod audit;
 mod batch;
+mod canary;
 mod conn;
 pub mod error;
 pub mod head;
@@ -26,15 +30,19 @@ mod http;
 pub mod keys;
 mod metrics_setup;
 pub mod openapi;
+mod permits;
 mod pipeline;
 pub mod pyrandom;
 pub mod queue;
 pub mod sched;
 pub mod schemas;
 pub mod served;
-mod state_ref;
+pub mod share;
 mod states;
+pub mod telemetry;
 mod tools;
+mod trail;
+pub mod urgency;
 mod wire;
 
 use std::net::SocketAddr;
@@ -46,10 +54,10 @@ use serde_json::Value;
 
 pub use error::ApiError;
 pub use http::router;
-pub use kev_decide::{Need, Stats, Step};
+pub use kev_decide::STATE_ID_FIELD;
+pub use kev_decide::{Body, Need, Priority, Stats, Step, Urgency};
 pub use pipeline::decode_request_body;
 pub use queue::LongLane;
-pub use state_ref::STATE_ID_FIELD;
 pub use wire::REQUEST_ID;
 
 /// A job the decider accepted, with the token count the queue budgets passes by.
@@ -58,6 +66,24 @@ pub struct Admission<J> {
     pub job: J,
     /// Tokens it will run (`usage.input_tokens` is a fine measure).
     pub tokens: usize,
+}
+
+/// The adapter that answers a job, as the server names it (keys' policies, metrics, the audit log).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterTag {
+    /// Its name: what a request's `model` selects it by, and what a key's `adapters` list names.
+    pub name: String,
+    /// sha256 of its weights file, when known.
+    pub sha256: Option<String>,
+}
+
+/// What the server reads of an admitted job beside its work.
+#[derive(Debug, Clone, Default)]
+pub struct JobInfo {
+    /// The adapter that answers it (`None`: the decider does not say).
+    pub adapter: Option<AdapterTag>,
+    /// Its priority and deadline as its body states them (`x_priority`, `x_deadline_ms`).
+    pub urgency: Urgency,
 }
 
 /// What the server needs from a model.
@@ -69,53 +95,72 @@ pub trait Decider: Send + Sync + 'static {
     /// A validated, compiled request, and its progress once it runs.
     type Job: Send + 'static;
 
-    /// Validate and compile a request body. Errors are the client's (validation, limits, work caps) or, rarely,
-    /// ours (a tokenizer fault); [`ApiError::from_wire`] answers any layer's typed error.
+    /// Validate and compile a request body (a stand-in's one way in; kev's own decider admits through
+    /// [`Decider::admit_parts`]). Errors are the client's (validation, limits, work caps) or, rarely, ours (a
+    /// tokenizer fault); [`ApiError::from_wire`] answers any layer's typed error.
     fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError>;
 
-    /// Validate and compile the parts of one request (a fan-out route's: `/permute`, `/separate`), all or
-    /// nothing, the per-request work caps held for the parts together. The default admits each part as a
-    /// request of its own (a stand-in with no caps).
-    fn admit_parts(&self, bodies: &[Vec<u8>]) -> Result<Vec<Admission<Self::Job>>, ApiError> {
-        bodies.iter().map(|b| self.admit(b)).collect()
+    /// Validate and compile the parts of one request (a fan-out route's: `/permute`, `/separate`; a plain
+    /// request is one part), all or nothing, the per-request work caps held for the parts together; `owner`
+    /// is the key the request came in under (a part naming a pinned state gets `owner`'s). Each part is read
+    /// once ([`Body`]: bytes as sent, or a value read out of the route's body). The default admits each part
+    /// as a request of its own, from bytes (a stand-in with no caps and no pins).
+    fn admit_parts(
+        &self,
+        parts: Vec<Body<'static>>,
+        owner: Option<&str>,
+    ) -> Result<Vec<Admission<Self::Job>>, ApiError> {
+        let _ = owner;
+        parts
+            .into_iter()
+            .map(|b| self.admit(&b.into_bytes()))
+            .collect()
     }
 
     /// Admit the independent requests of one batch (`/v1/systemone/batch`): each on its own (a refused one is
     /// its own `Err`, answered in its place), the outer `Err` for a batch over its own caps (nothing runs).
-    /// The default admits each as a request of its own (a stand-in with no batch caps).
+    /// The default admits each as a request of its own (a stand-in with no batch caps and no pins).
     #[allow(clippy::type_complexity)]
     fn admit_batch(
         &self,
-        bodies: &[Vec<u8>],
+        parts: Vec<Body<'static>>,
+        owner: Option<&str>,
     ) -> Result<Vec<Result<Admission<Self::Job>, ApiError>>, ApiError> {
-        Ok(bodies.iter().map(|b| self.admit(b)).collect())
+        let _ = owner;
+        Ok(parts
+            .into_iter()
+            .map(|b| self.admit(&b.into_bytes()))
+            .collect())
     }
 
-    /// Admit a state to pin under `id` for `owner` (`POST /v1/systemone/states`; body `{model?, state}`),
-    /// kept for `ttl` once its prefix has run. The default: pinning is not offered (404).
+    /// The pinned states' byte budget (0: pinning is not offered).
+    fn pin_budget(&self) -> usize {
+        0
+    }
+
+    /// Admit a state to pin (`POST /v1/systemone/states`; body `{model?, state}`) as `order` says; it is
+    /// pinned only by [`Decider::pin_commit`] once its answer is ready, and dropped by
+    /// [`Decider::pin_abandon`] if the request ends otherwise. The default: pinning is not offered (404).
     fn admit_pin(
         &self,
-        _body: &[u8],
-        _id: &str,
-        _owner: Option<&str>,
-        _ttl: std::time::Duration,
+        _body: Body<'static>,
+        _order: &kev_decide::PinOrder,
     ) -> Result<Admission<Self::Job>, ApiError> {
         Err(ApiError::not_found())
     }
 
+    /// The pin request `id` was answered: pin it (its TTL starts now) and say what it is,
+    /// `{id, tokens, bytes, expires_at, ready}` — or why it could not be kept (its snapshot did not fit).
+    fn pin_commit(&self, _id: &str) -> Result<Value, ApiError> {
+        Err(ApiError::internal())
+    }
+
+    /// The pin request `id` ended without its answer: drop what it reserved (a pinned one stays).
+    fn pin_abandon(&self, _id: &str) {}
+
     /// Pin `id` as `owner` sees it: `{id, tokens, bytes, expires_at, ready}`; `None` if there is none (or it is
     /// another owner's).
     fn pin_info(&self, _id: &str, _owner: Option<&str>) -> Option<Value> {
-        None
-    }
-
-    /// Why pin `id` was dropped when its prefix ran (the budget), if it was; asked once.
-    fn pin_refusal(&self, _id: &str) -> Option<ApiError> {
-        None
-    }
-
-    /// The state of pin `id` for `owner`, to put in a request that names it (`x_state_id`).
-    fn pinned_state(&self, _id: &str, _owner: Option<&str>) -> Option<Value> {
         None
     }
 
@@ -128,6 +173,39 @@ pub trait Decider: Send + Sync + 'static {
     /// under its own name). The default: none beyond [`Decider::model_card`].
     fn adapter_cards(&self) -> Vec<(String, Value)> {
         Vec::new()
+    }
+
+    /// Whether adapters can be added and removed while serving (`/v1/adapters`). The default: no.
+    fn live_adapters(&self) -> bool {
+        false
+    }
+
+    /// Serve the adapter in `dir` under `name` from the next request on (called on a blocking worker, never the
+    /// engine thread; installed between passes): its card. The default: not offered (409).
+    fn add_adapter(&self, _name: &str, _dir: &std::path::Path) -> Result<Value, ApiError> {
+        Err(ApiError::typed(
+            kev_contract::ErrorKind::Conflict,
+            "this model does not take adapters live",
+        ))
+    }
+
+    /// Stop serving adapter `name` (requests in flight on it finish on it). The default: not offered (409).
+    fn remove_adapter(&self, _name: &str) -> Result<(), ApiError> {
+        Err(ApiError::typed(
+            kev_contract::ErrorKind::Conflict,
+            "this model does not take adapters live",
+        ))
+    }
+
+    /// Whom an admitted job is for and how urgent it says it is (default: nothing known).
+    fn job_info(&self, _job: &Self::Job) -> JobInfo {
+        JobInfo::default()
+    }
+
+    /// The state of an admitted job as it was sent, for an audit log that asks for states
+    /// (`--audit-log-states`; default: none).
+    fn job_state(&self, _job: &Self::Job) -> Option<Value> {
+        None
     }
 
     /// What the job has left.
@@ -195,8 +273,13 @@ pub struct ServerConfig {
     pub admit_permits: usize,
     /// Open connections at most; further connections wait in the listen backlog.
     pub max_connections: usize,
+    /// Open connections one peer address may hold (`None`: a quarter of `max_connections`); a connection
+    /// past it is answered 429 and closed ([`ServerConfig::connections_per_ip`]).
+    pub max_connections_per_ip: Option<usize>,
     /// Longest a client may take to send a request's headers (slow clients are closed); also the idle
-    /// timeout: a connection, HTTP/1.1 or HTTP/2, with no request open for this long is closed.
+    /// timeout (a connection, HTTP/1.1 or HTTP/2, with no request open for this long is closed) and the
+    /// send timeout (a connection whose answers have not moved for this long is closed: a client that does
+    /// not read them).
     pub header_read_timeout: Duration,
     /// Longest a decision request's body may take to arrive once its headers did (408); never less than
     /// `header_read_timeout`.
@@ -207,15 +290,15 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Model names listed by `/v1/models` (the first is the default, `kev-latest`).
     pub model_names: Vec<String>,
-    /// Longest the drain after SIGTERM may take: connections still open then (a client that never finishes
-    /// its body, a long request) are closed and the process exits, before the usual 30 s grace of a process
-    /// manager runs out.
+    /// Longest the drain after SIGTERM may take: past it, requests still waiting or running are answered 503
+    /// (their work stopped), connections still open a moment later closed, and the server returns within
+    /// [`DRAIN_GRACE`] of the deadline — before the usual 30 s grace of a process manager runs out.
     pub drain_timeout: Duration,
     /// A bearer key `/metrics` asks for (`None`: open, as `/health` is).
     pub metrics_key: Option<String>,
-    /// The slowest a decision request's body may arrive once `body_grace` has passed, in bytes per second
-    /// on average (0: no floor, only `body_read_timeout`): a client dribbling its body holds its queue slot
-    /// about `body_grace`, not the whole body timeout.
+    /// The slowest a decision request's body may arrive, in bytes per second over any `body_rate_window`
+    /// (0: no floor, only `body_read_timeout`): a client dribbling its body, or stalling after a burst,
+    /// holds its body permit about a window, not the whole body timeout.
     pub min_body_rate: usize,
     /// How long a body may take before the rate floor applies.
     pub body_grace: Duration,
@@ -223,6 +306,24 @@ pub struct ServerConfig {
     /// the replica here, so that an id says which replica holds its pin (`kev.serve` routes by it); a
     /// replica that does not hold the id answers the usual 404.
     pub pin_id_prefix: String,
+    /// The audit log (`--audit-log`): a JSON line per decision request ([`audit`]); `None`: none.
+    pub audit: Option<Arc<audit::AuditLog>>,
+    /// How often the warm-up decision is answered again and compared with its answer at start (`canary`):
+    /// `/ready` is 503 while the latest one failed or diverged. `None`: no canary.
+    pub canary_interval: Option<Duration>,
+    /// The key of the adapter admin routes (`KEV_ADMIN_KEY`, `--admin-key-file`; keys marked `admin` in the
+    /// keys file count too). With none, the routes answer 403 saying how to enable them.
+    pub admin_key: Option<String>,
+    /// The adapters file the server was started with (`--adapters-file`): read again on SIGHUP, adapters
+    /// added, removed or loaded again to match it.
+    pub adapters_file: Option<std::path::PathBuf>,
+    /// Listen for SIGHUP (keys file, audit log, adapters file). [`serve`] sets it.
+    pub reload_on_sighup: bool,
+    /// The window the rate floor holds over (a body gets one window to begin).
+    pub body_rate_window: Duration,
+    /// The long lane's share of a machine saturated with short requests (0 < share < 1): while long work
+    /// runs, short passes step aside for it this fraction of the time ([`share`]).
+    pub long_lane_share: f64,
 }
 
 impl Default for ServerConfig {
@@ -250,9 +351,39 @@ impl Default for ServerConfig {
             min_body_rate: 16 << 10,
             body_grace: Duration::from_secs(1),
             pin_id_prefix: String::new(),
+            audit: None,
+            canary_interval: None,
+            admin_key: None,
+            adapters_file: None,
+            reload_on_sighup: false,
+            body_rate_window: Duration::from_secs(2),
+            max_connections_per_ip: None,
+            long_lane_share: share::DEFAULT_SHARE,
         }
     }
 }
+
+impl ServerConfig {
+    /// The long lane's share in force: `long_lane_share` as [`share::LaneShare`] clamps it, 0 without a lane.
+    pub fn long_lane_share_in_force(&self) -> f64 {
+        match self.long_lane {
+            LongLane::Off => 0.0,
+            _ => share::LaneShare::new(self.long_lane_share).share(),
+        }
+    }
+
+    /// The connections one peer address may hold: `max_connections_per_ip`, or a quarter of
+    /// `max_connections` (at least 1).
+    pub fn connections_per_ip(&self) -> usize {
+        self.max_connections_per_ip
+            .unwrap_or(self.max_connections / 4)
+            .clamp(1, self.max_connections.max(1))
+    }
+}
+
+/// How long past the drain deadline the server takes to return: the 503s written, then what is still open
+/// closed ([`accept`]); the engine's pass in flight is not waited for ([`queue::SHUTDOWN_WAIT`]).
+pub const DRAIN_GRACE: Duration = Duration::from_secs(1);
 
 /// Request bodies read at once for a queue of `queue_depth`: twice the depth, so a full queue's worth of
 /// bodies can arrive while as many requests wait, and slow senders cannot hold more.
@@ -266,12 +397,16 @@ pub struct App<D: Decider> {
     keys: Option<Arc<keys::Keys>>,
     queue: queue::Queue<D::Job>,
     permits: tokio::sync::Semaphore,
-    /// Bodies being read at once: [`body_permits`] (see `pipeline::before_the_body`).
-    bodies: tokio::sync::Semaphore,
+    /// Bodies being read at once: [`body_permits`], shared between peer addresses and keys ([`permits`]).
+    bodies: permits::BodyPermits,
     config: ServerConfig,
     ready: AtomicBool,
     draining: AtomicBool,
+    /// The periodic canary decision's verdict (`/ready`).
+    canary: canary::Canary,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
+    /// Where each decision request's record goes (histograms, the audit log, its trace).
+    sinks: Arc<trail::Sinks>,
     /// The API document `GET /openapi.json` serves ([`openapi::json`]), given to the router here: the
     /// document lists every route, its own included.
     document: fn() -> &'static str,
@@ -294,10 +429,11 @@ impl<D: Decider> App<D> {
                     solo_piece: config.solo_piece.min(config.queue_deadline / 2),
                 },
                 long_lane: config.long_lane,
+                long_lane_share: config.long_lane_share,
             },
         );
         let permits = tokio::sync::Semaphore::new(config.admit_permits.max(1));
-        let bodies = tokio::sync::Semaphore::new(body_permits(config.queue_depth));
+        let bodies = permits::BodyPermits::new(body_permits(config.queue_depth));
         let unnamed = config.api_key.clone().filter(|k| !k.is_empty());
         let keys = match (config.api_keys.clone(), unnamed) {
             (Some(keys), None) => Some(keys),
@@ -314,10 +450,15 @@ impl<D: Decider> App<D> {
             queue,
             permits,
             bodies,
-            config,
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            canary: canary::Canary::default(),
             metrics: metrics_setup::handle(),
+            sinks: Arc::new(trail::Sinks {
+                audit: config.audit.clone(),
+                request_timeout: config.request_timeout,
+            }),
+            config,
             document: openapi::json,
         })
     }
@@ -330,18 +471,24 @@ impl<D: Decider> App<D> {
             .await
             .map_err(|e| format!("warm-up: {e}"))??;
         if let Some(body) = self.decider.warm_up_request() {
-            pipeline::answer_body(self, body, "warm-up")
+            let answer = pipeline::answer_body(self, body.clone(), "warm-up", Priority::High)
                 .await
                 .map_err(|e| e.error_body().to_value().to_string())?;
+            self.canary.set_reference(&answer);
+            if let Some(every) = self.config.canary_interval {
+                tokio::spawn(canary::run(Arc::clone(self), body, every));
+            }
         }
         self.ready.store(true, Ordering::SeqCst);
         tracing::info!("warm-up decision succeeded; ready");
         Ok(())
     }
 
-    /// Whether `/ready` answers 200.
+    /// Whether `/ready` answers 200: warmed up, not draining, and the latest canary passed.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst) && !self.draining.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst)
+            && !self.draining.load(Ordering::SeqCst)
+            && self.canary.failing().is_none()
     }
 
     /// Stop taking new work (503), let accepted work finish.
@@ -370,12 +517,12 @@ pub enum ServerError {
 /// Serve until SIGINT/SIGTERM, then drain: refuse new work with 503, finish what was accepted, return.
 /// If the warm-up decision fails the server stops too, with [`ServerError::WarmUp`]. On SIGHUP the keys file
 /// (`ServerConfig::api_keys`) is read again ([`keys::Keys::reload`]) without dropping a request.
-pub async fn serve<D: Decider>(config: ServerConfig, decider: Arc<D>) -> Result<(), ServerError> {
+pub async fn serve<D: Decider>(
+    mut config: ServerConfig,
+    decider: Arc<D>,
+) -> Result<(), ServerError> {
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
-    #[cfg(unix)]
-    if let Some(keys) = config.api_keys.clone() {
-        tokio::spawn(reload_keys_on_sighup(keys));
-    }
+    config.reload_on_sighup = true;
     serve_on(listener, config, decider, shutdown_signal()).await
 }
 
@@ -388,6 +535,10 @@ pub async fn serve_on<D: Decider>(
 ) -> Result<(), ServerError> {
     tracing::info!(addr = %listener.local_addr()?, "listening");
     let app = App::new(config, decider);
+    #[cfg(unix)]
+    if app.config.reload_on_sighup {
+        tokio::spawn(reload_on_sighup(Arc::clone(&app)));
+    }
     let (failed_tx, mut failed_rx) = tokio::sync::watch::channel(None::<String>);
     let warm = Arc::clone(&app);
     tokio::spawn(async move {
@@ -404,7 +555,7 @@ pub async fn serve_on<D: Decider>(
             Ok(_) = failed_watch.wait_for(Option::is_some) => {},
         }
     };
-    accept_loop(listener, Arc::clone(&app), stop).await;
+    accept::accept_loop(listener, Arc::clone(&app), stop).await;
     let stop_app = Arc::clone(&app);
     let _ = tokio::task::spawn_blocking(move || stop_app.stop()).await;
     if let Some(e) = failed_rx.borrow_and_update().clone() {
@@ -413,132 +564,29 @@ pub async fn serve_on<D: Decider>(
     Ok(())
 }
 
-/// Accept connections until `stop`, each served by hyper with the configured header-read timeout, and
-/// closed once it has held no request that long (HTTP/1.1 and HTTP/2 alike, see [`conn`]), at most
-/// `max_connections` at once (further ones wait in the listen backlog); then drain: refuse new work with
-/// 503, finish open requests.
-async fn accept_loop<D: Decider>(
-    listener: tokio::net::TcpListener,
-    app: Arc<App<D>>,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use hyper_util::service::TowerToHyperService;
-
-    let router = router(Arc::clone(&app));
-    // HTTP/1.1, and HTTP/2 over cleartext with prior knowledge (a client that opens with the HTTP/2 preface,
-    // as proxies and gRPC-style clients do): the same routes, guards and answers either way.
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(app.config.header_read_timeout)
-        // Above our own limit (`head::check`), which answers with a JSON body where hyper's answer has none.
-        .max_headers(head::HYPER_MAX_HEADERS)
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        // A stream each for at most this many requests at once per connection (the queue bounds the rest).
-        .max_concurrent_streams(64)
-        .keep_alive_interval(Some(app.config.header_read_timeout))
-        .keep_alive_timeout(app.config.header_read_timeout);
-    // Each connection holds a permit while it is open, so all of them back means every connection closed.
-    let max_connections = app.config.max_connections.max(1);
-    let connections = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    let (draining_tx, draining_rx) = tokio::sync::watch::channel(false);
-    tokio::pin!(stop);
-    loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&connections).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = &mut stop => break,
-        };
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = &mut stop => break,
-        };
-        let _ = stream.set_nodelay(true);
-        let activity = Arc::new(conn::Activity::default());
-        let service = TowerToHyperService::new(conn::Tracked {
-            inner: router.clone(),
-            activity: Arc::clone(&activity),
-        });
-        let (builder, draining) = (builder.clone(), draining_rx.clone());
-        let idle = app.config.header_read_timeout;
-        tokio::spawn(async move {
-            // Telling HTTP/1 from HTTP/2 waits for the first bytes, before hyper's header clock starts: a
-            // connection that sends nothing is closed after the header-read timeout here instead.
-            let mut one = [0u8; 1];
-            if !matches!(
-                tokio::time::timeout(idle, stream.peek(&mut one)).await,
-                Ok(Ok(1..))
-            ) {
-                drop(permit);
-                return;
-            }
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            conn::serve(conn, &activity, idle, draining, |c| c.graceful_shutdown()).await;
-            drop(permit);
-        });
-    }
-    app.start_draining();
-    let _ = draining_tx.send(true);
-    // While open connections drain, new ones are still accepted and answered (503 `unavailable_error` from
-    // every decision route, no keep-alive) rather than refused at TCP; past the drain deadline whatever is
-    // still open is closed.
-    let mut draining_builder = builder.clone();
-    draining_builder.http1().keep_alive(false);
-    let deadline = tokio::time::sleep(app.config.drain_timeout);
-    let drained = connections.acquire_many(max_connections as u32);
-    tokio::pin!(deadline, drained);
-    loop {
-        tokio::select! {
-            _ = &mut drained => {
-                tracing::info!("drained: every accepted request was answered");
-                break;
-            }
-            _ = &mut deadline => {
-                tracing::warn!(
-                    drain_timeout_s = app.config.drain_timeout.as_secs_f64(),
-                    "drain deadline passed: closing the connections still open"
-                );
-                break;
-            }
-            r = listener.accept() => {
-                if let Ok((stream, _)) = r {
-                    let service = TowerToHyperService::new(router.clone());
-                    let builder = draining_builder.clone();
-                    tokio::spawn(async move {
-                        let conn = builder.serve_connection(TokioIo::new(stream), service);
-                        let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
-                    });
-                }
-            }
-        }
-    }
-    drop(listener);
-}
-
+/// On SIGHUP: the keys file read again, the audit log's file opened again (after a rotation), the adapters
+/// file read again and the adapters brought to it ([`admin::FileAdapters`]).
 #[cfg(unix)]
-async fn reload_keys_on_sighup(keys: Arc<keys::Keys>) {
+async fn reload_on_sighup<D: Decider>(app: Arc<App<D>>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP: the keys file is read once");
+        tracing::warn!("cannot listen for SIGHUP: the keys and adapters files are read once");
         return;
     };
+    let default = app.decider.adapter_cards().first().map(|(n, _)| n.clone());
+    let mut files =
+        admin::FileAdapters::start(app.config.adapters_file.clone(), default.as_deref());
     while hup.recv().await.is_some() {
+        if let Some(audit) = &app.config.audit {
+            audit.reopen();
+        }
+        let changes = files.sync(&app).await;
+        if app.config.adapters_file.is_some() {
+            tracing::info!(changes, "SIGHUP: adapters file read again");
+        }
+        let Some(keys) = &app.config.api_keys else {
+            continue;
+        };
         match keys.reload() {
             Ok(n) => {
                 tracing::info!(keys = n, names = ?keys.names(), "SIGHUP: keys file read again")

@@ -78,13 +78,15 @@ pub fn json() -> &'static str {
 }
 
 /// The errors every decision route answers (the admission pipeline's, and the model's refusals).
-const DECIDE_ERRORS: [ErrorKind; 17] = [
+const DECIDE_ERRORS: [ErrorKind; 19] = [
     ErrorKind::Unparseable,
     ErrorKind::BadBody,
     ErrorKind::AuthInvalid,
     ErrorKind::AuthMissing,
+    ErrorKind::Forbidden,
     ErrorKind::BodyTimeout,
     ErrorKind::RequestTimeout,
+    ErrorKind::DeadlinePassed,
     ErrorKind::BodyTooLarge,
     ErrorKind::TooMuchWork,
     ErrorKind::UnsupportedMedia,
@@ -111,6 +113,26 @@ pub fn document() -> utoipa::openapi::OpenApi {
                 ErrorKind::AuthInvalid,
                 ErrorKind::AuthMissing,
                 ErrorKind::NotFound,
+            ],
+            Endpoint::Adapters => &[
+                ErrorKind::AuthInvalid,
+                ErrorKind::AuthMissing,
+                ErrorKind::Forbidden,
+            ],
+            Endpoint::AdapterAdd => &[
+                ErrorKind::AuthInvalid,
+                ErrorKind::AuthMissing,
+                ErrorKind::Forbidden,
+                ErrorKind::Conflict,
+                ErrorKind::Validation,
+                ErrorKind::AdapterRefused,
+            ],
+            Endpoint::AdapterRemove => &[
+                ErrorKind::AuthInvalid,
+                ErrorKind::AuthMissing,
+                ErrorKind::Forbidden,
+                ErrorKind::NotFound,
+                ErrorKind::Conflict,
             ],
             Endpoint::Ready => &[
                 ErrorKind::NotReady,
@@ -264,6 +286,18 @@ fn describe(kind: ErrorKind) -> &'static str {
         ErrorKind::Overloaded => {
             "Overloaded: waited past the queue deadline (overloaded_error); see Retry-After"
         }
+        ErrorKind::Forbidden => {
+            "The API key may not do this (permission_error): an adapter outside its policy, or an admin route"
+        }
+        ErrorKind::DeadlinePassed => {
+            "The request's own deadline (x_deadline_ms, X-Kev-Deadline-Ms) passed: not run if it was still waiting, stopped before its next pass if it ran"
+        }
+        ErrorKind::Conflict => {
+            "Conflicts with what the server holds: an adapter of that name is served, the default adapter, adapters not taken live"
+        }
+        ErrorKind::AdapterRefused => {
+            "The directory is not a Kev adapter for the served base: the same message as at start"
+        }
     }
 }
 
@@ -328,5 +362,14 @@ fn error_example(kind: ErrorKind) -> Value {
         ErrorKind::Unavailable => ApiError::draining().body(),
         ErrorKind::Saturated => ApiError::saturated(&ready_figures(Value::Null)).body(),
         ErrorKind::Overloaded => ApiError::overloaded(60_000, 1).body(),
+        ErrorKind::Forbidden => ApiError::adapter_forbidden("alice", "ops").body(),
+        ErrorKind::DeadlinePassed => ApiError::deadline_passed(250, false).body(),
+        ErrorKind::Conflict => {
+            typed("an adapter named \"ops\" is already served; remove it first")
+        }
+        // Written by kev-decide's loader (the server does not read adapters).
+        ErrorKind::AdapterRefused => typed(
+            "adapter ops (/models/kev-ops): its head was trained on Qwen/Qwen3.5-0.8B-Base, the served base is Qwen/Qwen3.5-4B-Base",
+        ),
     }
 }

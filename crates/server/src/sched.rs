@@ -24,10 +24,54 @@
 //!   `starve_passes + 1`).
 //! - At most `long_in_flight` requests longer than one pass are started at once (each holds a state's
 //!   key/value cache); a further long request waits in the queue, where its deadline still applies.
+//!
+//! **Priorities** (`x_priority`, capped by the API key's policy): higher first, lower never starved. The rule:
+//! - a pass is filled starved requests first (oldest first), then **by priority** (`high`, `normal`, `low`), then
+//!   shortest remaining first, then in admission order;
+//! - a request is *starved* after `starve_passes` skipped passes in a row (`high`, `normal`), or
+//!   [`LOW_AGING`] times as many (`low`): however much higher-priority work arrives, a low request runs within
+//!   `LOW_AGING × starve_passes + 1` passes of reaching the head of its class, and every pass serves the
+//!   starved first;
+//! - while higher-priority work is about ([`Urgency::top`]: waiting now, or served within the last second),
+//!   work below it rides a pass only within its share ([`lower_share`]: 1/32 of the token budget), a starved
+//!   request excepted; with the long lane on (the default) larger lower work runs there instead, a piece at a
+//!   time, paused whenever a short pass runs — so urgent work waits behind no lower work at all; without the
+//!   lane it runs alone, in a pass with nothing more urgent in it.
 
 use std::time::Duration;
 
-use crate::Need;
+use crate::{Need, Priority};
+
+/// How many times `starve_passes` a low-priority request may be skipped before it goes first.
+pub const LOW_AGING: u32 = 4;
+
+/// The part of a pass's token budget that work below the most urgent priority about may take (1/32).
+pub const LOWER_SHARE: usize = 32;
+
+/// The tokens of a pass that work below the most urgent priority about may take: [`LOWER_SHARE`] of the
+/// budget (128 of 4,096), at least one.
+pub fn lower_share(policy: &Policy) -> usize {
+    (policy.pass_tokens.max(1) / LOWER_SHARE).max(1)
+}
+
+/// What the planner knows of urgency beyond the candidates: the highest priority served lately.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Urgency {
+    /// The highest priority of work waiting or served within the last second (`None`: nothing lately).
+    pub recent: Option<Priority>,
+}
+
+impl Urgency {
+    /// The most urgent priority about: the candidates' highest, or the recent one if higher.
+    pub fn top(&self, cands: &[Candidate]) -> Priority {
+        cands
+            .iter()
+            .map(|c| c.priority)
+            .chain(self.recent)
+            .max()
+            .unwrap_or_default()
+    }
+}
 
 /// One admitted request as the planner sees it.
 #[derive(Debug, Clone, Copy)]
@@ -42,6 +86,20 @@ pub struct Candidate {
     pub seq: u64,
     /// Its tokens per second in its last partial piece, if it had one.
     pub rate: Option<f64>,
+    /// Its priority (its request's, capped by its key's policy).
+    pub priority: Priority,
+}
+
+impl Candidate {
+    /// Whether it has been skipped long enough to go first: `starve_passes` passes in a row, [`LOW_AGING`]
+    /// times as many for low priority.
+    pub fn starved(&self, policy: &Policy) -> bool {
+        let passes = match self.priority {
+            Priority::Low => policy.starve_passes.saturating_mul(LOW_AGING),
+            Priority::Normal | Priority::High => policy.starve_passes,
+        };
+        self.skipped >= passes
+    }
 }
 
 /// The planner's settings.
@@ -82,19 +140,33 @@ pub fn timed_grant(c: &Candidate, target: Duration, budget: usize) -> usize {
 }
 
 /// Plan one pass. `slice` is the time a partial piece should take (the recent short passes' duration);
-/// `None` when no short work was seen lately.
+/// `None` when no short work was seen lately. Every candidate is taken as equally urgent beyond its own
+/// priority ([`plan_urgent`] with nothing recent).
 pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Plan {
+    plan_urgent(cands, policy, slice, Urgency::default())
+}
+
+/// Plan one pass, knowing the priorities served lately (see the module docs).
+pub fn plan_urgent(
+    cands: &[Candidate],
+    policy: &Policy,
+    slice: Option<Duration>,
+    urgency: Urgency,
+) -> Plan {
     let budget0 = policy.pass_tokens.max(1);
     let is_long = |c: &Candidate| c.need.remaining > budget0;
-    let starved = |c: &Candidate| c.skipped >= policy.starve_passes;
+    let starved = |c: &Candidate| c.starved(policy);
+    let top = urgency.top(cands);
+    // Tokens work below `top` may still take in this pass (starved work is not held to it).
+    let mut lower_left = lower_share(policy);
     let mut long_started = cands.iter().filter(|c| c.started && is_long(c)).count();
     let mut order: Vec<usize> = (0..cands.len()).collect();
     order.sort_by_key(|&i| {
         let c = &cands[i];
         if starved(c) {
-            (0, 0, c.seq)
+            (0, std::cmp::Reverse(Priority::High), 0, c.seq)
         } else {
-            (1, c.need.remaining, c.seq)
+            (1, std::cmp::Reverse(c.priority), c.need.remaining, c.seq)
         }
     });
     let mut budget = budget0;
@@ -106,15 +178,22 @@ pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Pl
         if opens_long && long_started >= policy.long_in_flight {
             continue;
         }
+        // Work below the most urgent priority about: whole phases within its share of the pass, or alone
+        // (a pass with nothing more urgent in it).
+        let held = c.priority < top && !starved(c);
+        if held && !(out.grants.is_empty() || (c.need.phase <= lower_left && c.rate.is_none())) {
+            continue;
+        }
         // A request already cut into pieces stays cut to its end, even once what is left fits the token
         // budget: its tokens lie deep in a long state, where each costs far more than a short request's
         // (attention over the whole prefix before it, one row with no batch to spread over), so a token
         // count says nothing about its time. Taking the last ~`pass_tokens` of a long state whole was
         // one multi-second pass that every short request arriving meanwhile waited for.
-        if c.need.phase <= budget && c.rate.is_none() {
+        let granted = if c.need.phase <= budget && c.rate.is_none() {
             out.grants.push((i, c.need.phase));
             budget -= c.need.phase;
             whole_any = true;
+            c.need.phase
         } else {
             // A partial piece: one per pass, not beside short work unless this request is starved.
             if out.partial.is_some() || (whole_any && !starved(c)) {
@@ -129,6 +208,11 @@ pub fn plan(cands: &[Candidate], policy: &Policy, slice: Option<Duration>) -> Pl
             out.grants.push((i, grant));
             out.partial = Some(i);
             budget = budget.saturating_sub(grant);
+            grant
+        };
+        if held {
+            // A request that ran alone past the share leaves nothing below `top` for this pass.
+            lower_left = lower_left.saturating_sub(granted);
         }
         if opens_long {
             long_started += 1;
@@ -153,6 +237,14 @@ mod tests {
             skipped: 0,
             seq,
             rate: None,
+            priority: Priority::Normal,
+        }
+    }
+
+    fn at(priority: Priority, phase: usize, seq: u64) -> Candidate {
+        Candidate {
+            priority,
+            ..c(phase, phase, seq)
         }
     }
 
@@ -278,5 +370,66 @@ mod tests {
         let p = plan(&cands, &P, None);
         // The starved one first, then the shortest that still fits.
         assert_eq!(p.grants, vec![(0, 600), (2, 300)]);
+    }
+
+    #[test]
+    fn higher_priority_first_and_lower_work_within_its_share() {
+        use Priority::{High, Low, Normal};
+        // Budget 1000: the high request first whatever its size; then lower work only within its share
+        // (1000 / 32 = 31 tokens): the 30-token normal fits, the 600-token low does not.
+        let cands = [at(Low, 600, 0), at(Normal, 30, 1), at(High, 700, 2)];
+        let p = plan(&cands, &P, None);
+        assert_eq!(p.grants, vec![(1, 30), (2, 700)]);
+        // Nothing more urgent waiting: lows go as usual (shortest first, the pass filled).
+        let lows = [at(Low, 400, 0), at(Low, 300, 1), at(Low, 200, 2)];
+        assert_eq!(
+            plan(&lows, &P, None).grants,
+            vec![(0, 400), (1, 300), (2, 200)]
+        );
+        // But with high work served within the last second, a pass takes lower work within its share, or one
+        // request alone: a high request arriving waits behind a short pass.
+        let recent = Urgency { recent: Some(High) };
+        assert_eq!(plan_urgent(&lows, &P, None, recent).grants, vec![(2, 200)]);
+        let small = [at(Low, 20, 0), at(Low, 10, 1), at(Low, 10, 2)];
+        assert_eq!(
+            plan_urgent(&small, &P, None, recent).grants,
+            vec![(1, 10), (2, 10)]
+        );
+    }
+
+    #[test]
+    fn low_priority_ages_slower_but_goes_first_once_starved() {
+        use Priority::{High, Low};
+        let mut low = at(Low, 600, 0);
+        // starve_passes 3: a normal or high request is starved after 3 skipped passes, a low one after 12.
+        low.skipped = 3;
+        assert!(!low.starved(&P));
+        let cands = [low, at(High, 700, 1)];
+        assert_eq!(plan(&cands, &P, None).grants, vec![(1, 700)]);
+        low.skipped = LOW_AGING * 3;
+        assert!(low.starved(&P));
+        let cands = [low, at(High, 700, 1)];
+        // Starved: first, whatever the priorities about.
+        assert_eq!(plan(&cands, &P, None).grants, vec![(0, 600)]);
+    }
+
+    #[test]
+    fn a_stream_of_high_work_starves_no_low_request() {
+        use Priority::{High, Low};
+        // Each pass: two fresh high requests of 500 tokens fill the 1000-token budget; one low request waits.
+        // It must run within LOW_AGING × starve_passes + 1 passes.
+        let mut low = at(Low, 100, 0);
+        let mut seq = 1;
+        for pass in 0..=(LOW_AGING * P.starve_passes) {
+            let cands = [low, at(High, 500, seq), at(High, 500, seq + 1)];
+            seq += 2;
+            let p = plan(&cands, &P, Some(Duration::from_millis(20)));
+            if p.grants.iter().any(|&(i, _)| i == 0) {
+                assert_eq!(pass, LOW_AGING * P.starve_passes, "ran early: {p:?}");
+                return;
+            }
+            low.skipped += 1;
+        }
+        panic!("the low request never ran");
     }
 }

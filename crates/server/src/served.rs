@@ -3,11 +3,12 @@
 //! records ([`crate::Need`], [`crate::Step`], [`crate::Stats`]) are its own; a refusal becomes its HTTP answer
 //! here, through the one status table ([`ApiError::from_wire`]).
 
-use kev_decide::{Backend, Grant, Kev, Lane, Task};
+use kev_decide::pinned::PinInfo;
+use kev_decide::{Backend, Body, Grant, Kev, Lane, PinOrder, Refusal, Task};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::{Admission, Decider, Need, Stats, Step};
+use crate::{AdapterTag, Admission, Decider, JobInfo, Need, Stats, Step};
 
 /// An admitted job as the queue takes it, counted under its adapter
 /// (`kev_adapter_requests_total{adapter}`, `kev_adapter_input_tokens_total{adapter}`).
@@ -16,13 +17,49 @@ where
     B: Backend,
 {
     let tokens = job.tokens();
-    let name = kev.adapters()[job.adapter()].name().to_owned();
+    let name = job.adapter().name().to_owned();
     metrics::counter!("kev_adapter_requests_total", "adapter" => name.clone()).increment(1);
     metrics::counter!("kev_adapter_input_tokens_total", "adapter" => name).increment(tokens as u64);
     Admission {
         tokens,
         job: kev.task(job),
     }
+}
+
+/// A live adapter change refused, as HTTP answers it.
+fn live_error(e: kev_decide::LiveError) -> ApiError {
+    use kev_contract::ErrorKind;
+    use kev_decide::LiveError;
+    let kind = match &e {
+        LiveError::NotOffered(_) | LiveError::Taken(_) | LiveError::Default(_) => {
+            ErrorKind::Conflict
+        }
+        LiveError::Unknown(_) => ErrorKind::NotFound,
+        LiveError::Refused(_) => ErrorKind::AdapterRefused,
+    };
+    ApiError::typed(kind, e.to_string())
+}
+
+/// A refusal's answer, with its `Retry-After` when waiting can help (a full pin budget).
+fn refused(r: &Refusal) -> ApiError {
+    let e = ApiError::from_wire(r);
+    match r.retry_after() {
+        Some(s) => e.with_retry_after(s),
+        None => e,
+    }
+}
+
+/// A pin as the API shows it: `{id, tokens, bytes, expires_at, ready}` (`ready` is always true: a pin
+/// exists only once its prefix has run and its request was answered; kept for clients that read it).
+fn pin_json(info: &PinInfo) -> Value {
+    let expires = info
+        .expires_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    serde_json::json!({
+        "id": info.id, "tokens": info.tokens, "bytes": info.bytes,
+        "expires_at": expires, "ready": true,
+    })
 }
 
 /// The warm-up decision `/ready` waits for: one question of each kind, answered through the served path.
@@ -36,36 +73,43 @@ where
     type Job = Task<B::State>;
 
     fn admit(&self, body: &[u8]) -> Result<Admission<Self::Job>, ApiError> {
-        let job = Kev::admit(self, body).map_err(|r| ApiError::from_wire(&r))?;
+        let job = Kev::admit(self, body).map_err(|r| refused(&r))?;
         Ok(admission(self, job))
     }
 
-    fn admit_parts(&self, bodies: &[Vec<u8>]) -> Result<Vec<Admission<Self::Job>>, ApiError> {
-        let jobs = Kev::admit_parts(self, bodies).map_err(|r| ApiError::from_wire(&r))?;
+    fn admit_parts(
+        &self,
+        parts: Vec<Body<'static>>,
+        owner: Option<&str>,
+    ) -> Result<Vec<Admission<Self::Job>>, ApiError> {
+        let jobs = Kev::admit_parts_as(self, parts, owner).map_err(|r| refused(&r))?;
         Ok(jobs.into_iter().map(|job| admission(self, job)).collect())
     }
 
     fn admit_batch(
         &self,
-        bodies: &[Vec<u8>],
+        parts: Vec<Body<'static>>,
+        owner: Option<&str>,
     ) -> Result<Vec<Result<Admission<Self::Job>, ApiError>>, ApiError> {
-        let jobs = Kev::admit_batch(self, bodies).map_err(|r| ApiError::from_wire(&r))?;
+        let jobs = Kev::admit_batch_as(self, parts, owner).map_err(|r| refused(&r))?;
         Ok(jobs
             .into_iter()
             .map(|admitted| {
                 admitted
                     .map(|job| admission(self, job))
-                    .map_err(|r| ApiError::from_wire(&r))
+                    .map_err(|r| refused(&r))
             })
             .collect())
     }
 
+    fn pin_budget(&self) -> usize {
+        self.pinned().budget()
+    }
+
     fn admit_pin(
         &self,
-        body: &[u8],
-        id: &str,
-        owner: Option<&str>,
-        ttl: std::time::Duration,
+        body: Body<'static>,
+        order: &PinOrder,
     ) -> Result<Admission<Self::Job>, ApiError> {
         if self.pinned().budget() == 0 {
             return Err(ApiError::typed(
@@ -73,51 +117,47 @@ where
                 "pinning is off on this server (--pin-bytes 0)",
             ));
         }
-        let job =
-            Kev::admit_pin(self, body, id, owner, ttl).map_err(|r| ApiError::from_wire(&r))?;
+        let job = Kev::admit_pin(self, body, order).map_err(|r| refused(&r))?;
         Ok(Admission {
             tokens: job.tokens(),
             job: self.task(job),
         })
     }
 
+    fn pin_commit(&self, id: &str) -> Result<Value, ApiError> {
+        let info = self
+            .pinned()
+            .commit(id)
+            .map_err(|r| refused(&Refusal::from(r)))?;
+        Ok(pin_json(&info))
+    }
+
+    fn pin_abandon(&self, id: &str) {
+        self.pinned().abandon(id);
+    }
+
     fn pin_info(&self, id: &str, owner: Option<&str>) -> Option<Value> {
-        let info = self.pinned().info(id, owner)?;
-        let expires = info
-            .expires_at
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        Some(serde_json::json!({
-            "id": info.id, "tokens": info.tokens, "bytes": info.bytes,
-            "expires_at": expires, "ready": info.ready,
-        }))
-    }
-
-    fn pin_refusal(&self, id: &str) -> Option<ApiError> {
-        use kev_decide::pinned::PinRefused;
-        Some(match self.pinned().take_refusal(id)? {
-            PinRefused::TooLarge { bytes, budget } => ApiError::typed(
-                kev_contract::ErrorKind::TooMuchWork,
-                format!(
-                    "this state's snapshot is {bytes} bytes, over the whole pinned-state budget of {budget} bytes (--pin-bytes)"
-                ),
-            ),
-            PinRefused::Full { bytes, free } => ApiError::typed(
-                kev_contract::ErrorKind::QueueFull,
-                format!(
-                    "the pinned-state budget is held by other pins: this state needs {bytes} bytes, {free} are free; unpin (DELETE /v1/systemone/states/ID) or wait for pins to expire"
-                ),
-            )
-            .with_retry_after(60),
-        })
-    }
-
-    fn pinned_state(&self, id: &str, owner: Option<&str>) -> Option<Value> {
-        self.pinned().state(id, owner)
+        Some(pin_json(&self.pinned().info(id, owner)?))
     }
 
     fn unpin(&self, id: &str, owner: Option<&str>) -> bool {
         self.pinned().remove(id, owner)
+    }
+
+    fn job_info(&self, job: &Self::Job) -> JobInfo {
+        let job = job.job();
+        let adapter = self.adapter_of(job);
+        JobInfo {
+            adapter: Some(AdapterTag {
+                name: adapter.name().to_owned(),
+                sha256: adapter.info().and_then(|i| i.adapter_sha256.clone()),
+            }),
+            urgency: job.urgency(),
+        }
+    }
+
+    fn job_state(&self, job: &Self::Job) -> Option<Value> {
+        Some(job.job().request().state().clone())
     }
 
     fn need(&self, job: &Self::Job) -> Need {
@@ -144,9 +184,19 @@ where
     }
 
     fn adapter_cards(&self) -> Vec<(String, Value)> {
-        (0..self.adapters().len())
-            .map(|i| (self.adapters()[i].name().to_owned(), self.adapter_card(i)))
-            .collect()
+        Kev::adapter_cards(self)
+    }
+
+    fn live_adapters(&self) -> bool {
+        Kev::live_adapters(self)
+    }
+
+    fn add_adapter(&self, name: &str, dir: &std::path::Path) -> Result<Value, ApiError> {
+        Kev::add_adapter(self, name, dir.to_owned()).map_err(live_error)
+    }
+
+    fn remove_adapter(&self, name: &str) -> Result<(), ApiError> {
+        Kev::remove_adapter(self, name).map_err(live_error)
     }
 
     fn output_tokens(&self, answers: &Value) -> Option<usize> {

@@ -25,19 +25,19 @@ use crate::error::ApiError;
 use crate::pipeline::{Answers, Route, handle, ms};
 use crate::pyrandom::{PyRandom, words_of_decimal};
 use crate::wire::{invalid, parse_json};
-use crate::{App, Decider};
+use crate::{App, Body, Decider};
 
 /// Most option orders one permute request may ask for (the author's bound).
 pub const MAX_PERMUTATIONS: u64 = 64;
 
-/// The request with only question `id` (its value replaced by `question`).
-fn with_one_question(request: &Map<String, Value>, id: &str, question: Value) -> Vec<u8> {
+/// The request with only question `id` (its value replaced by `question`), as a part admission takes (the
+/// value itself: read once with the request, never written back and read again).
+fn with_one_question(request: &Map<String, Value>, id: &str, question: Value) -> Body<'static> {
     let mut one = request.clone();
     let mut qs = Map::new();
     qs.insert(id.to_string(), question);
     one.insert("questions".into(), Value::Object(qs));
-    // `compact_json` writes kept lone surrogates back as `\uXXXX`, so the part reads exactly as the request.
-    kev_contract::compact_json(&Value::Object(one)).into_bytes()
+    Body::Value(Value::Object(one))
 }
 
 /// A truncating server's marks, as one part carries them (each part read the same state).
@@ -65,11 +65,17 @@ struct Separate;
 impl<D: Decider> Route<D> for Separate {
     type Plan = ();
 
-    fn split(&self, decider: &D, bytes: Vec<u8>) -> Result<(Vec<Vec<u8>>, ()), ApiError> {
+    fn split(
+        &self,
+        decider: &D,
+        owner: Option<&str>,
+        bytes: Vec<u8>,
+    ) -> Result<(Vec<Body<'static>>, ()), ApiError> {
+        let request = parse_json(&bytes)?;
         // The whole request is admitted first: a bad one gets exactly `/v1/systemone`'s error.
-        decider.admit(&bytes)?;
+        decider.admit_parts(vec![Body::Value(request.clone())], owner)?;
         // Admitted, so an object with a `questions` object; anything else is a fault of ours.
-        let request = match parse_json(&bytes)? {
+        let request = match request {
             Value::Object(m) => m,
             _ => return Err(ApiError::internal()),
         };
@@ -282,11 +288,18 @@ fn parse_permute(v: Value) -> Result<Envelope, ApiError> {
 impl<D: Decider> Route<D> for Permute {
     type Plan = PermutePlan;
 
-    fn split(&self, decider: &D, bytes: Vec<u8>) -> Result<(Vec<Vec<u8>>, PermutePlan), ApiError> {
+    fn split(
+        &self,
+        decider: &D,
+        owner: Option<&str>,
+        bytes: Vec<u8>,
+    ) -> Result<(Vec<Body<'static>>, PermutePlan), ApiError> {
         let p = parse_permute(parse_json(&bytes)?)?;
         // The inner request as `/v1/systemone` would judge it, its errors located under `request`.
-        let inner = kev_contract::compact_json(&Value::Object(p.request.clone())).into_bytes();
-        decider.admit(&inner).map_err(|e| e.under("request"))?;
+        let inner = Body::Value(Value::Object(p.request.clone()));
+        decider
+            .admit_parts(vec![inner], owner)
+            .map_err(|e| e.under("request"))?;
         let not_choice = || {
             ApiError::unanswerable(format!(
                 "question {:?} must be an existing choice question of the request",

@@ -69,3 +69,14 @@ pub(crate) fn invalid(
 pub(crate) fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
     Ok(kev_contract::python_loads(bytes)?)
 }
+
+/// The credentials of `Authorization: Bearer <token>`: the scheme is case-insensitive (RFC 9110 §11.1),
+/// followed by one or more spaces; `None` for another scheme.
+pub(crate) fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let start = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
+    Some(&rest[start..])
+}

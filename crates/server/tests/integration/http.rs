@@ -443,6 +443,11 @@ fn the_warm_up_request_runs_the_served_path_before_ready() {
         ..Stub::default()
     });
     let r = support::start(ServerConfig::default(), stub);
+    // It ends by itself (a stop asked before the warm-up failed would drain it instead, answering 503).
+    assert!(
+        r.ended_within(std::time::Duration::from_secs(60)),
+        "the server kept running"
+    );
     let err = r.stop().expect_err("the server stopped on its own");
     assert!(err.to_string().contains("warm-up"), "{err}");
 }

@@ -2,9 +2,11 @@
 //! of many keeps the test build and CI short).
 
 mod adversity;
+mod adversity3;
 mod http;
 mod keys;
 mod openapi;
+mod ops;
 mod routes;
 mod support;
 mod tools;

@@ -408,13 +408,13 @@ fn a_metrics_key_guards_metrics_and_the_page_reports_memory() {
 }
 
 /// `--queue-depth` clients that send their headers and dribble their bodies do not hold the queue: the rate
-/// floor answers them 408 within about `body_grace`, and a normal request then gets its answer, not 429.
+/// floor answers them 408 within about `body_rate_window`, and a normal request then gets its answer, not 429.
 #[test]
 fn dribbled_bodies_are_cut_by_the_rate_floor_and_free_the_queue() {
     let config = ServerConfig {
         queue_depth: 4,
         body_read_timeout: Duration::from_secs(30),
-        body_grace: Duration::from_millis(500),
+        body_rate_window: Duration::from_millis(500),
         min_body_rate: 1024,
         ..ServerConfig::default()
     };

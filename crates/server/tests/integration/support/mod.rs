@@ -4,18 +4,21 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kev_contract::{ContractError, ErrorDetail, LocItem, ResponseBody};
-use kev_server::{Admission, ApiError, Decider, Need, ServerConfig, Step};
+use kev_server::{
+    AdapterTag, Admission, ApiError, Decider, JobInfo, Need, ServerConfig, Step, Urgency,
+};
 use serde_json::{Value, json};
 
 /// The stand-in decider: answers each of a request's questions with a fixed noul, its work measured in tokens
 /// and time. A request's work is its `tokens` field (default 10 per question), run `unit` tokens at least per
 /// pass (default: all of it in one piece, or 64 when the body names `whole: false`); every pass sleeps `delay`
-/// plus `per_token` per token. It can be held before warm-up or made to panic on a model name.
+/// plus `per_token` per token (a pass on the long lane advances only while no short pass runs, as the engine's
+/// lane does). It can be held before warm-up or made to panic on a model name.
 #[derive(Default)]
 pub struct Stub {
     /// Sleep per pass.
@@ -34,6 +37,11 @@ pub struct Stub {
     pub tokens_run: AtomicUsize,
     /// The models of the jobs of every pass, in order.
     pub passes: Mutex<Vec<Vec<String>>>,
+    /// Answer 0.75 instead of 0.5 (a model that drifted: the canary must see it).
+    pub drift: AtomicBool,
+    /// Short passes running now: a pass on the long lane advances only while none does, as the engine's
+    /// lane pauses at its safe points while a short pass holds the cores.
+    pub short_running: AtomicUsize,
 }
 
 impl Stub {
@@ -46,12 +54,15 @@ impl Stub {
     }
 }
 
-/// A stand-in's job: what is left of it and how it answers.
+/// A stand-in's job: what is left of it and how it answers. Its `model` names its adapter (for keys'
+/// policies), its body's `x_priority` / `x_deadline_ms` its urgency.
 pub struct Job {
     model: String,
     ids: Vec<String>,
     left: usize,
     unit: usize,
+    urgency: Urgency,
+    state: Value,
 }
 
 /// A stand-in's 422: the contract's validation error with these `detail` entries.
@@ -95,6 +106,7 @@ pub fn done(v: Value) -> Step {
         probabilities: Vec::new(),
         logits: Vec::new(),
         response: response(v),
+        readout: Duration::ZERO,
     }))
 }
 
@@ -103,6 +115,31 @@ pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|_| {
         validation(json!({"detail":[{"type":"json_invalid","loc":["body",0],"msg":"JSON decode error","input":{}}]}))
     })
+}
+
+impl Stub {
+    /// A pass's `time` of work: slept; on the long lane, only while no short pass runs.
+    fn work(&self, time: Duration) {
+        let on_lane = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("kev-long"));
+        if !on_lane {
+            self.short_running.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(time);
+            self.short_running.fetch_sub(1, Ordering::SeqCst);
+        } else {
+            // Progress is the wall time slept while no short pass ran (a loaded machine's sleeps overshoot).
+            let mut done = Duration::ZERO;
+            while done < time {
+                let free = self.short_running.load(Ordering::SeqCst) == 0;
+                let t = std::time::Instant::now();
+                std::thread::sleep(Duration::from_millis(1).min(time - done));
+                if free && self.short_running.load(Ordering::SeqCst) == 0 {
+                    done += t.elapsed();
+                }
+            }
+        }
+    }
 }
 
 impl Decider for Stub {
@@ -119,6 +156,7 @@ impl Decider for Stub {
             .get("tokens")
             .and_then(Value::as_u64)
             .map_or(10 * qs.len(), |t| t as usize);
+        let urgency = kev_decide::urgency::read(&v).map_err(|r| ApiError::from_wire(&r))?;
         let unit = match v.get("whole").and_then(Value::as_bool) {
             Some(false) => {
                 let unit = v.get("unit").and_then(Value::as_u64).unwrap_or(64) as usize;
@@ -137,8 +175,24 @@ impl Decider for Stub {
                 ids: qs.keys().cloned().collect(),
                 left: tokens,
                 unit,
+                urgency,
+                state: v.get("state").cloned().unwrap_or(Value::Null),
             },
         })
+    }
+
+    fn job_info(&self, job: &Job) -> JobInfo {
+        JobInfo {
+            adapter: Some(AdapterTag {
+                name: job.model.clone(),
+                sha256: Some(format!("sha-of-{}", job.model)),
+            }),
+            urgency: job.urgency,
+        }
+    }
+
+    fn job_state(&self, job: &Job) -> Option<Value> {
+        Some(job.state.clone())
     }
 
     fn need(&self, job: &Job) -> Need {
@@ -162,7 +216,7 @@ impl Decider for Stub {
         self.tokens_run.fetch_add(total, Ordering::SeqCst);
         let finished = grants.iter().filter(|(job, _)| job.left == 0).count();
         self.runs.fetch_add(finished, Ordering::SeqCst);
-        std::thread::sleep(self.delay + self.per_token * total as u32);
+        self.work(self.delay + self.per_token * total as u32);
         grants
             .iter()
             .map(|(job, _)| {
@@ -175,7 +229,10 @@ impl Decider for Stub {
                 let answers: serde_json::Map<String, Value> = job
                     .ids
                     .iter()
-                    .map(|id| (id.clone(), json!({"type": "noul", "noul": 0.5})))
+                    .map(|id| {
+                        let p = if self.drift.load(Ordering::SeqCst) { 0.75 } else { 0.5 };
+                        (id.clone(), json!({"type": "noul", "noul": p}))
+                    })
                     .collect();
                 done(json!({"model": job.model, "answers": answers, "usage": {"input_tokens": 10, "output_tokens": 5}}))
             })
@@ -208,6 +265,18 @@ pub struct Running {
 impl Running {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// Whether the server has returned on its own (no stop asked), waiting up to `within` for it.
+    pub fn ended_within(&self, within: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + within;
+        while std::time::Instant::now() < until {
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
     }
 
     /// Stop it and wait for the drain to finish.
