@@ -102,7 +102,10 @@ class Model:
     """A Kev model loaded in this process.
 
     Name the model as the CLI does: ``model_dir`` (a directory written by ``kev prepare``), or ``base`` and
-    ``kev`` (the two release directories; the LoRA is merged at load). ``weights`` is ``"merged"`` or
+    ``kev`` (the two release directories; the LoRA is merged at load), or ``release`` — ``"kev-4b"``,
+    ``"kev-0.8b"`` or ``"kev-9b"`` — for the published release as ``kev serve --release`` serves it: prepared
+    (downloaded, verified against its pins, merged) into ``model_dir``, or the kev cache (``$KEV_HOME`` or
+    ``~/.cache/kev``), the first time. ``weights`` is ``"merged"`` or
     ``"exact"`` (LoRA unmerged in fp32; needs ``base``/``kev``); ``precision`` is ``"fp32"``, ``"bf16"`` or
     ``"int8"`` (default: bf16 where the CPU has AVX512_BF16, else fp32); ``cache_bytes`` bounds the
     prepared-state cache (0 turns it off; default an eighth of the memory the loaded model leaves free, at
@@ -152,6 +155,7 @@ class Model:
         pin_bytes: Optional[int] = None,
         max_batch_requests: Optional[int] = None,
         max_batch_input_tokens: Optional[int] = None,
+        release: Optional[str] = None,
     ) -> None:
         fs = lambda p: None if p is None else os.fspath(p)  # noqa: E731
         listed = None
@@ -186,6 +190,7 @@ class Model:
                 "strict_models": strict_models,
                 "demo": demo,
                 "aliases": None if aliases is None else [str(a) for a in aliases],
+                "release": release,
             }
         )
         self._info: Optional[dict] = None

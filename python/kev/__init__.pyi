@@ -47,6 +47,7 @@ class Model:
         pin_bytes: Optional[int] = None,
         max_batch_requests: Optional[int] = None,
         max_batch_input_tokens: Optional[int] = None,
+        release: Optional[Literal["kev-4b", "kev-0.8b", "kev-9b"]] = None,
     ) -> None: ...
     def server(
         self,

@@ -135,6 +135,24 @@ def test_bad_arguments_are_clear_errors(model):
         model.decide(42)  # type: ignore[arg-type]
 
 
+def test_a_published_release_is_served_from_its_prepared_copy(valid_bodies, tmp_path):
+    """`release=` serves the copy `kev prepare` wrote into model_dir (found by its manifest, so no download), as
+    `kev serve --release NAME --model-dir DIR` does; a name kev does not publish, or a release with other
+    sources, is refused."""
+    prepared = tmp_path / "kev-9b-v1.0"
+    subprocess.run(
+        [str(kev_bin()), "prepare", "--kev", str(KEV), "--base", str(BASE), "--out", str(prepared), "--quiet"],
+        check=True,
+        capture_output=True,
+    )
+    m = kev.Model(release="kev-9b", model_dir=prepared)
+    assert m.decide_jsonl(valid_bodies[:3]) == kev.Model(model_dir=prepared).decide_jsonl(valid_bodies[:3])
+    with pytest.raises(ValueError, match="kev-9b"):
+        kev.Model(release="kev-27b", model_dir=prepared)
+    with pytest.raises(ValueError, match="does not combine"):
+        kev.Model(release="kev-9b", base=BASE, kev=KEV)
+
+
 def test_decide_many_releases_the_gil(model, valid_bodies):
     """Another Python thread keeps running while a batch is inside the engine."""
     ticks = 0

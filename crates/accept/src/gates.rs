@@ -409,6 +409,13 @@ pub fn evaluate(
             .filter(|_| id.arm == Arm::Fp32)
             .map(|r| (*id, widen(&r.probabilities)))
     });
+    let judge = Judge {
+        mode,
+        set,
+        rows,
+        torch: torch.as_ref(),
+        anchor: anchor.as_ref(),
+    };
     for (id, run) in runs {
         let name = id.name();
         let run = match run {
@@ -423,11 +430,54 @@ pub fn evaluate(
                 continue;
             }
         };
-        let ours = widen(&run.probabilities);
-        let mut report = ArmReport {
-            name: name.clone(),
-            weights: id.form.name().into(),
-            precision: id.arm.name().into(),
+        let arm = ArmUnderTest {
+            id: *id,
+            ours: widen(&run.probabilities),
+            name,
+            run,
+        };
+        let mut report = arm.report();
+        match reference {
+            Some(rf) => judge.against_reference(&arm, rf, &mut report, &mut gates)?,
+            None => judge.against_anchor(&arm, &mut report, &mut gates)?,
+        }
+        gates.extend(arm.bit_equal_gates());
+        reports.push(report);
+    }
+    Ok(Evaluation {
+        gates,
+        arms: reports,
+        torch_bf16: torch,
+    })
+}
+
+/// What every arm is judged with.
+struct Judge<'a> {
+    mode: GateMode,
+    set: &'a RequestSet,
+    rows: &'a [Rows],
+    /// Torch's own bf16 run against the reference: the synthetic yardstick.
+    torch: Option<&'a TorchBf16>,
+    /// The exact- (or merged-) fp32 arm, widened: what arms are compared with when there is no reference.
+    anchor: Option<&'a (ArmId, Vec<Vec<Vec<f64>>>)>,
+}
+
+/// One arm that ran, its probabilities widened to f64.
+struct ArmUnderTest<'a> {
+    id: ArmId,
+    name: String,
+    run: &'a ArmRun,
+    ours: Vec<Vec<Vec<f64>>>,
+}
+
+impl ArmUnderTest<'_> {
+    /// The arm's figures before it is judged.
+    fn report(&self) -> ArmReport {
+        let run = self.run;
+        ArmReport {
+            name: self.name.clone(),
+            weights: self.id.form.name().into(),
+            precision: self.id.arm.name().into(),
             source: run.source.clone(),
             backend: run.backend.clone(),
             yardstick: None,
@@ -438,141 +488,164 @@ pub fn evaluate(
             rerun_bit_equal: Some(run.rerun_difference.is_none()),
             shared_bit_equal: Some(run.shared_difference.is_none()),
             seconds: run.seconds.clone(),
-        };
-        match reference {
-            Some(rf) => {
-                let d = vs_reference_arm(set, &ours, rf, "reference")
-                    .ok_or("the reference has no `reference` arm")?;
-                if mode == GateMode::Synthetic && id.arm == Arm::Int8 {
-                    // No yardstick judges int8 on random weights: torch's bf16 run measures bf16
-                    // rounding, and this model amplifies any rounding chaotically (engine README).
-                    gates.push(Gate::new(
-                        &format!("arm.{name}.bar"),
-                        &format!("{name} vs the author's fp32 reference"),
-                        Status::Info,
-                        format!(
-                            "max |Δp| {}, mean {}, flips {}/{}; not gated: on synthetic random weights no yardstick \
-                             applies to int8 (real weights: the fixed bar, max 0.02, mean 0.002, no flips)",
-                            fmt(d.max_abs),
-                            fmt(d.mean_abs),
-                            d.flips,
-                            d.decisive
-                        ),
+        }
+    }
+
+    /// The rerun and shared-state gates: both bit-equal, or the first difference.
+    fn bit_equal_gates(&self) -> [Gate; 2] {
+        let (name, run) = (&self.name, self.run);
+        [
+            match &run.rerun_difference {
+                None => Gate::new(
+                    &format!("arm.{name}.rerun"),
+                    "a second run (warm prepared-state cache, requests batched) is bit-equal to the first",
+                    Status::Pass,
+                    format!("{} requests bit-equal", run.probabilities.len()),
+                ),
+                Some(d) => Gate::new(
+                    &format!("arm.{name}.rerun"),
+                    "a second run (warm prepared-state cache, requests batched) is bit-equal to the first",
+                    Status::Fail,
+                    format!("differs: {d}"),
+                ),
+            },
+            match &run.shared_difference {
+                None => Gate::new(
+                    &format!("arm.{name}.shared"),
+                    "the shared state (the default service) is bit-equal to every question's row run from zero",
+                    Status::Pass,
+                    format!("{} requests bit-equal", run.probabilities.len()),
+                ),
+                Some(d) => Gate::new(
+                    &format!("arm.{name}.shared"),
+                    "the shared state (the default service) is bit-equal to every question's row run from zero",
+                    Status::Fail,
+                    format!("differs: {d}"),
+                ),
+            },
+        ]
+    }
+}
+
+impl Judge<'_> {
+    /// The arm against the author's fp32 reference: the bar (or, for int8 on synthetic weights, figures
+    /// only), and the fp32 arms within 1e-4.
+    fn against_reference(
+        &self,
+        arm: &ArmUnderTest,
+        rf: &ReferenceOutput,
+        report: &mut ArmReport,
+        gates: &mut Vec<Gate>,
+    ) -> Result<(), String> {
+        let (set, id, name, ours) = (self.set, &arm.id, &arm.name, &arm.ours);
+        let d = vs_reference_arm(set, ours, rf, "reference")
+            .ok_or("the reference has no `reference` arm")?;
+        if self.mode == GateMode::Synthetic && id.arm == Arm::Int8 {
+            // No yardstick judges int8 on random weights: torch's bf16 run measures bf16
+            // rounding, and this model amplifies any rounding chaotically (engine README).
+            gates.push(Gate::new(
+                &format!("arm.{name}.bar"),
+                &format!("{name} vs the author's fp32 reference"),
+                Status::Info,
+                format!(
+                    "max |Δp| {}, mean {}, flips {}/{}; not gated: on synthetic random weights no yardstick \
+                     applies to int8 (real weights: the fixed bar, max 0.02, mean 0.002, no flips)",
+                    fmt(d.max_abs),
+                    fmt(d.mean_abs),
+                    d.flips,
+                    d.decisive
+                ),
+            ));
+            report.vs_merged_bf16 = vs_reference_arm(set, ours, rf, "merged_bf16");
+            report.vs_reference = Some(d);
+            return Ok(());
+        }
+        let y = yardstick(self.mode, *id, self.torch.map(|t| &t.vs_reference))?;
+        gates.push(bar_gate(
+            &format!("arm.{name}.bar"),
+            &format!(
+                "{name} vs the author's fp32 reference: argmax where margin > 0.02, max |Δp|, mean |Δp|"
+            ),
+            &d,
+            &y,
+        ));
+        if *id == ArmId::ALL[0] {
+            gates.push(fp32_gate(
+                &format!("arm.{name}.fp32"),
+                "exact-fp32 within 1e-4 of the author's fp32 reference",
+                &d,
+            ));
+            report.responses_equal = responses_equal(set, &arm.run.bodies, rf, false);
+        }
+        if id.form == WeightForm::Merged {
+            report.vs_merged_bf16 = vs_reference_arm(set, ours, rf, "merged_bf16");
+        }
+        if id.form == WeightForm::Merged && id.arm == Arm::Fp32 {
+            match &report.vs_merged_bf16 {
+                Some(m) => {
+                    gates.push(fp32_gate(
+                        &format!("arm.{name}.fp32"),
+                        "merged-fp32 within 1e-4 of the reference's merged-bf16 arm (the same weights in fp32)",
+                        m,
                     ));
-                    report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
-                    report.vs_reference = Some(d);
-                } else {
-                    let y = yardstick(mode, *id, torch.as_ref().map(|t| &t.vs_reference))?;
-                    gates.push(bar_gate(
-                    &format!("arm.{name}.bar"),
-                    &format!(
-                        "{name} vs the author's fp32 reference: argmax where margin > 0.02, max |Δp|, mean |Δp|"
-                    ),
-                    &d,
-                    &y,
-                ));
-                    if *id == ArmId::ALL[0] {
-                        gates.push(fp32_gate(
-                            &format!("arm.{name}.fp32"),
-                            "exact-fp32 within 1e-4 of the author's fp32 reference",
-                            &d,
-                        ));
-                        report.responses_equal = responses_equal(set, &run.bodies, rf, false);
-                    }
-                    if id.form == WeightForm::Merged {
-                        report.vs_merged_bf16 = vs_reference_arm(set, &ours, rf, "merged_bf16");
-                    }
-                    if id.form == WeightForm::Merged && id.arm == Arm::Fp32 {
-                        match &report.vs_merged_bf16 {
-                            Some(m) => {
-                                gates.push(fp32_gate(
-                                &format!("arm.{name}.fp32"),
-                                "merged-fp32 within 1e-4 of the reference's merged-bf16 arm (the same weights in fp32)",
-                                m,
-                            ));
-                                report.responses_equal =
-                                    responses_equal(set, &run.bodies, rf, true);
-                            }
-                            None => gates.push(Gate::new(
-                                &format!("arm.{name}.fp32"),
-                                "merged-fp32 within 1e-4 of the reference's merged-bf16 arm",
-                                Status::NotRun,
-                                "the reference has no merged_bf16 arm",
-                            )),
-                        }
-                    }
-                    report.vs_reference = Some(d);
-                    report.yardstick = Some(y);
+                    report.responses_equal = responses_equal(set, &arm.run.bodies, rf, true);
                 }
-            }
-            None => {
-                if let Some((aid, a)) = &anchor
-                    && aid != id
-                {
-                    let d = vs_anchor(set, rows, &ours, a);
-                    let title = format!("{name} vs the {} arm (no reference given)", aid.name());
-                    let gate_id = format!("arm.{name}.vs-anchor");
-                    if mode == GateMode::Real {
-                        let y = yardstick(GateMode::Real, *id, None)?;
-                        let mut g = bar_gate(&gate_id, &title, &d, &y);
-                        g.detail.push_str(&format!(
-                            " — against {}, not the author's reference",
-                            aid.name()
-                        ));
-                        gates.push(g);
-                    } else {
-                        gates.push(Gate::new(
-                            &gate_id,
-                            &title,
-                            Status::Info,
-                            format!(
-                                "max |Δp| {}, mean {}, flips {}/{}; not gated: the synthetic yardstick needs torch's bf16 run (--reference)",
-                                fmt(d.max_abs),
-                                fmt(d.mean_abs),
-                                d.flips,
-                                d.decisive
-                            ),
-                        ));
-                    }
-                    report.vs_anchor = Some(d);
-                }
+                None => gates.push(Gate::new(
+                    &format!("arm.{name}.fp32"),
+                    "merged-fp32 within 1e-4 of the reference's merged-bf16 arm",
+                    Status::NotRun,
+                    "the reference has no merged_bf16 arm",
+                )),
             }
         }
-        gates.push(match &run.rerun_difference {
-            None => Gate::new(
-                &format!("arm.{name}.rerun"),
-                "a second run (warm prepared-state cache, requests batched) is bit-equal to the first",
-                Status::Pass,
-                format!("{} requests bit-equal", run.probabilities.len()),
-            ),
-            Some(d) => Gate::new(
-                &format!("arm.{name}.rerun"),
-                "a second run (warm prepared-state cache, requests batched) is bit-equal to the first",
-                Status::Fail,
-                format!("differs: {d}"),
-            ),
-        });
-        gates.push(match &run.shared_difference {
-            None => Gate::new(
-                &format!("arm.{name}.shared"),
-                "the shared state (the default service) is bit-equal to every question's row run from zero",
-                Status::Pass,
-                format!("{} requests bit-equal", run.probabilities.len()),
-            ),
-            Some(d) => Gate::new(
-                &format!("arm.{name}.shared"),
-                "the shared state (the default service) is bit-equal to every question's row run from zero",
-                Status::Fail,
-                format!("differs: {d}"),
-            ),
-        });
-        reports.push(report);
+        report.vs_reference = Some(d);
+        report.yardstick = Some(y);
+        Ok(())
     }
-    Ok(Evaluation {
-        gates,
-        arms: reports,
-        torch_bf16: torch,
-    })
+
+    /// With no reference, every arm but the anchor against the anchor: the real bar, or figures only on
+    /// synthetic weights (their yardstick needs torch's bf16 run).
+    fn against_anchor(
+        &self,
+        arm: &ArmUnderTest,
+        report: &mut ArmReport,
+        gates: &mut Vec<Gate>,
+    ) -> Result<(), String> {
+        let Some((aid, a)) = self.anchor else {
+            return Ok(());
+        };
+        if *aid == arm.id {
+            return Ok(());
+        }
+        let name = &arm.name;
+        let d = vs_anchor(self.set, self.rows, &arm.ours, a);
+        let title = format!("{name} vs the {} arm (no reference given)", aid.name());
+        let gate_id = format!("arm.{name}.vs-anchor");
+        if self.mode == GateMode::Real {
+            let y = yardstick(GateMode::Real, arm.id, None)?;
+            let mut g = bar_gate(&gate_id, &title, &d, &y);
+            g.detail.push_str(&format!(
+                " — against {}, not the author's reference",
+                aid.name()
+            ));
+            gates.push(g);
+        } else {
+            gates.push(Gate::new(
+                &gate_id,
+                &title,
+                Status::Info,
+                format!(
+                    "max |Δp| {}, mean {}, flips {}/{}; not gated: the synthetic yardstick needs torch's bf16 run (--reference)",
+                    fmt(d.max_abs),
+                    fmt(d.mean_abs),
+                    d.flips,
+                    d.decisive
+                ),
+            ));
+        }
+        report.vs_anchor = Some(d);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

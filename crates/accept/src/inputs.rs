@@ -276,10 +276,12 @@ pub fn check_manifest_inputs(manifest: &Manifest, pins: &ReleasePins) -> Gate {
             continue;
         };
         compared += 1;
-        if pin.size != rec.size {
+        if let Some(size) = pin.size
+            && size != rec.size
+        {
             problems.push(format!(
-                "{}: the manifest records {} bytes, pinned {}",
-                rec.name, rec.size, pin.size
+                "{}: the manifest records {} bytes, pinned {size}",
+                rec.name, rec.size
             ));
         } else if pin.kind == DigestKind::Sha256 && !pin.digest.eq_ignore_ascii_case(&rec.sha256) {
             problems.push(format!(
@@ -320,7 +322,8 @@ pub fn check_head_identity(
             meta.base, pins.base.repo
         ));
     }
-    if meta.base_revision != pins.base.revision {
+    // in full, or abbreviated to at least 7 hex digits
+    if !pins.base.names_revision(&meta.base_revision) {
         problems.push(format!(
             "base_revision {:?}, the pins say {:?}",
             meta.base_revision, pins.base.revision
@@ -389,7 +392,7 @@ mod tests {
         let good = FileRecord {
             role: Some("kev".into()),
             name: "head.pt".into(),
-            size: head.size,
+            size: head.size.unwrap(),
             sha256: head.digest.clone(),
         };
         assert_eq!(

@@ -76,11 +76,91 @@ pub fn check_merge(
         Err(e) => return fail_both(format!("export {}: {e}", prepared.display())),
     };
 
+    let names: Vec<String> = export.names().map(str::to_string).collect();
+    let Tally {
+        mut adapted_problems,
+        mut copied_problems,
+        adapted_ok,
+        copied_ok,
+    } = compare_each_tensor(&export, &base, &adapter, &names);
+    let in_export: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    for (path, _) in adapter.modules() {
+        let t = adapter.base_tensor_name(path);
+        if !in_export.contains(t.as_str()) {
+            adapted_problems.push(format!("{t}: adapted, but missing from the export"));
+        }
+    }
+    let mut dropped = 0usize;
+    for name in base.names() {
+        if in_export.contains(name) {
+            continue;
+        }
+        // An untied base's LM head (Qwen3.5-9B) is dropped by default like the MTP head: never read.
+        if name.starts_with("mtp.") || name.starts_with("model.visual.") || name == "lm_head.weight"
+        {
+            dropped += 1;
+        } else {
+            copied_problems.push(format!("{name}: in the base, missing from the export"));
+        }
+    }
+
+    let visual_kept = names.iter().any(|n| n.starts_with("model.visual."));
+    let export_shards: Vec<String> = file_names(export.files());
+    let base_shards: Vec<String> = file_names(base.files());
+    let published_layout = visual_kept && export_shards == base_shards;
+    let published = published_gate(prepared, manifest, published_layout, published_applies);
+    let summary = MergeSummary {
+        adapter_modules: adapter.len(),
+        adapted_equal: adapted_ok,
+        copied_equal: copied_ok,
+        dropped,
+        published_layout,
+        published_digests: Some(published.detail.clone()),
+    };
+    let gates = vec![
+        Gate::from_problems(
+            adapted_id,
+            adapted_title,
+            format!(
+                "{adapted_ok} of {} adapted modules re-merged bit-equal (scale {})",
+                adapter.len(),
+                adapter.scale()
+            ),
+            adapted_problems,
+        ),
+        Gate::from_problems(
+            copied_id,
+            copied_title,
+            format!(
+                "{copied_ok} tensors byte-identical to the base; {dropped} left out (mtp.* / model.visual.* / lm_head.weight)"
+            ),
+            copied_problems,
+        ),
+        published,
+    ];
+    (gates, summary)
+}
+
+/// What comparing the export's tensors found: problems and bit-equal counts, adapted and copied.
+struct Tally {
+    adapted_problems: Vec<String>,
+    copied_problems: Vec<String>,
+    adapted_ok: usize,
+    copied_ok: usize,
+}
+
+/// Each tensor of the export (`names`) against the base: an adapted one re-merged and compared byte for
+/// byte, any other compared with the base's bytes, dtype and shape.
+fn compare_each_tensor(
+    export: &TensorStore,
+    base: &TensorStore,
+    adapter: &Adapter,
+    names: &[String],
+) -> Tally {
     let mut adapted_problems = Vec::new();
     let mut copied_problems = Vec::new();
     let (mut adapted_ok, mut copied_ok) = (0usize, 0usize);
-    let names: Vec<String> = export.names().map(str::to_string).collect();
-    for name in &names {
+    for name in names {
         let (Ok(e), true) = (export.get(name), base.contains(name)) else {
             copied_problems.push(format!("{name}: in the export but not in the base"));
             continue;
@@ -123,60 +203,12 @@ pub fn check_merge(
         export.release(name);
         base.release(name);
     }
-    let in_export: BTreeSet<&str> = names.iter().map(String::as_str).collect();
-    for (path, _) in adapter.modules() {
-        let t = adapter.base_tensor_name(path);
-        if !in_export.contains(t.as_str()) {
-            adapted_problems.push(format!("{t}: adapted, but missing from the export"));
-        }
+    Tally {
+        adapted_problems,
+        copied_problems,
+        adapted_ok,
+        copied_ok,
     }
-    let mut dropped = 0usize;
-    for name in base.names() {
-        if in_export.contains(name) {
-            continue;
-        }
-        if name.starts_with("mtp.") || name.starts_with("model.visual.") {
-            dropped += 1;
-        } else {
-            copied_problems.push(format!("{name}: in the base, missing from the export"));
-        }
-    }
-
-    let visual_kept = names.iter().any(|n| n.starts_with("model.visual."));
-    let export_shards: Vec<String> = file_names(export.files());
-    let base_shards: Vec<String> = file_names(base.files());
-    let published_layout = visual_kept && export_shards == base_shards;
-    let published = published_gate(prepared, manifest, published_layout, published_applies);
-    let summary = MergeSummary {
-        adapter_modules: adapter.len(),
-        adapted_equal: adapted_ok,
-        copied_equal: copied_ok,
-        dropped,
-        published_layout,
-        published_digests: Some(published.detail.clone()),
-    };
-    let gates = vec![
-        Gate::from_problems(
-            adapted_id,
-            adapted_title,
-            format!(
-                "{adapted_ok} of {} adapted modules re-merged bit-equal (scale {})",
-                adapter.len(),
-                adapter.scale()
-            ),
-            adapted_problems,
-        ),
-        Gate::from_problems(
-            copied_id,
-            copied_title,
-            format!(
-                "{copied_ok} tensors byte-identical to the base; {dropped} left out (mtp.* / model.visual.*)"
-            ),
-            copied_problems,
-        ),
-        published,
-    ];
-    (gates, summary)
 }
 
 fn file_names<'a>(files: impl Iterator<Item = &'a Path>) -> Vec<String> {

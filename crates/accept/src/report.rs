@@ -435,6 +435,15 @@ fn cell(s: &str) -> String {
 
 fn markdown(r: &Report) -> String {
     let mut s = String::new();
+    push_header(&mut s, r);
+    push_gates(&mut s, r);
+    push_arms(&mut s, r);
+    push_merge_head_and_files(&mut s, r);
+    s
+}
+
+/// The verdict, the summary, and what ran on what: tool, machine, gate mode, inputs, request set, reference.
+fn push_header(s: &mut String, r: &Report) {
     let verdict = if r.passed() { "PASS" } else { "FAIL" };
     s.push_str(&format!("# kev accept: {verdict}\n\n{}.\n\n", r.summary));
     s.push_str(&format!(
@@ -506,7 +515,10 @@ fn markdown(r: &Report) -> String {
             "- reference: none (arms compared with each other; pass `--reference PYTHON` for the author's fp32 arm)\n",
         ),
     }
+}
 
+/// The gates table, then each failing gate's problems (the first 50).
+fn push_gates(s: &mut String, r: &Report) {
     s.push_str(
         "\n## Gates\n\n| status | gate | what | figures / reason |\n| --- | --- | --- | --- |\n",
     );
@@ -536,70 +548,77 @@ fn markdown(r: &Report) -> String {
             s.push('\n');
         }
     }
+}
 
-    if !r.arms.is_empty() {
-        s.push_str("\n## Decision arms\n\n| arm | yardstick | vs reference | vs reference merged-bf16 | vs anchor | responses equal | rerun bit-equal | shared = from zero | seconds (load / run / rerun / from zero) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-        for a in &r.arms {
-            let yard = a
-                .yardstick
-                .as_ref()
-                .map(|y| y.kind.clone())
-                .unwrap_or_else(|| "—".into());
-            let resp = a
-                .responses_equal
-                .map(|(e, n)| format!("{e}/{n}"))
-                .unwrap_or_else(|| "—".into());
-            s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} / {:.2} / {:.2} |\n",
-                a.name,
-                yard,
-                fmt_dist(&a.vs_reference),
-                fmt_dist(&a.vs_merged_bf16),
-                fmt_dist(&a.vs_anchor),
-                resp,
-                yes_no(a.rerun_bit_equal),
-                yes_no(a.shared_bit_equal),
-                a.seconds.load,
-                a.seconds.run,
-                a.seconds.rerun,
-                a.seconds.from_zero
-            ));
-        }
-        s.push_str("\nYardsticks applied:\n\n");
-        for a in &r.arms {
-            if let Some(y) = &a.yardstick {
-                s.push_str(&format!(
-                    "- **{}**: {} (max |Δp| ≤ {}, mean |Δp| ≤ {}, flips ≤ {}) — {}\n",
-                    a.name,
-                    y.kind,
-                    fmt_p(y.max_abs),
-                    fmt_p(y.mean_abs),
-                    y.flips,
-                    y.why
-                ));
-            }
-        }
-        if let Some(t) = &r.torch_bf16 {
-            s.push_str(&format!(
-                "\nTorch's own bf16 run vs the fp32 reference (same run): {}",
-                fmt_dist(&Some(t.vs_reference.clone()))
-            ));
-            if let Some(m) = &t.merged_bf16_vs_reference {
-                s.push_str(&format!(
-                    "; the merged-bf16 weights in fp32 vs the reference: {}",
-                    fmt_dist(&Some(m.clone()))
-                ));
-            }
-            s.push_str(".\n");
-        }
-        s.push_str(
-            "\nmax = largest |Δp| over every option; mean = mean over questions of each question's mean |Δp|; \
-             flips = argmax disagreements among the questions whose reference top-2 margin is above 0.02 (flips/decisive). \
-             responses equal (information, not a gate): rounded answers and usage identical to the reference's own \
-             response; a difference of 1e-5 can move a 4th decimal.\n",
-        );
+/// The decision arms table, the yardsticks applied, and torch's own bf16 run; nothing when no arm ran.
+fn push_arms(s: &mut String, r: &Report) {
+    if r.arms.is_empty() {
+        return;
     }
+    s.push_str("\n## Decision arms\n\n| arm | yardstick | vs reference | vs reference merged-bf16 | vs anchor | responses equal | rerun bit-equal | shared = from zero | seconds (load / run / rerun / from zero) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for a in &r.arms {
+        let yard = a
+            .yardstick
+            .as_ref()
+            .map(|y| y.kind.clone())
+            .unwrap_or_else(|| "—".into());
+        let resp = a
+            .responses_equal
+            .map(|(e, n)| format!("{e}/{n}"))
+            .unwrap_or_else(|| "—".into());
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} / {:.2} / {:.2} / {:.2} |\n",
+            a.name,
+            yard,
+            fmt_dist(&a.vs_reference),
+            fmt_dist(&a.vs_merged_bf16),
+            fmt_dist(&a.vs_anchor),
+            resp,
+            yes_no(a.rerun_bit_equal),
+            yes_no(a.shared_bit_equal),
+            a.seconds.load,
+            a.seconds.run,
+            a.seconds.rerun,
+            a.seconds.from_zero
+        ));
+    }
+    s.push_str("\nYardsticks applied:\n\n");
+    for a in &r.arms {
+        if let Some(y) = &a.yardstick {
+            s.push_str(&format!(
+                "- **{}**: {} (max |Δp| ≤ {}, mean |Δp| ≤ {}, flips ≤ {}) — {}\n",
+                a.name,
+                y.kind,
+                fmt_p(y.max_abs),
+                fmt_p(y.mean_abs),
+                y.flips,
+                y.why
+            ));
+        }
+    }
+    if let Some(t) = &r.torch_bf16 {
+        s.push_str(&format!(
+            "\nTorch's own bf16 run vs the fp32 reference (same run): {}",
+            fmt_dist(&Some(t.vs_reference.clone()))
+        ));
+        if let Some(m) = &t.merged_bf16_vs_reference {
+            s.push_str(&format!(
+                "; the merged-bf16 weights in fp32 vs the reference: {}",
+                fmt_dist(&Some(m.clone()))
+            ));
+        }
+        s.push_str(".\n");
+    }
+    s.push_str(
+        "\nmax = largest |Δp| over every option; mean = mean over questions of each question's mean |Δp|; \
+         flips = argmax disagreements among the questions whose reference top-2 margin is above 0.02 (flips/decisive). \
+         responses equal (information, not a gate): rounded answers and usage identical to the reference's own \
+         response; a difference of 1e-5 can move a 4th decimal.\n",
+    );
+}
 
+/// The merge counts, the head's identity, and every re-hashed file, each when there is one.
+fn push_merge_head_and_files(s: &mut String, r: &Report) {
     if let Some(m) = &r.merge {
         s.push_str(&format!(
             "\n## Merge\n\n{} of {} adapted modules re-merged equal to the export; {} other tensors byte-identical; {} base tensors left out; published layout: {}.\n",
@@ -633,5 +652,4 @@ fn markdown(r: &Report) -> String {
             ));
         }
     }
-    s
 }

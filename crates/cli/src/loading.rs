@@ -117,8 +117,13 @@ pub fn load(
     model: &ModelArgs,
     service: &ServiceArgs,
 ) -> anyhow::Result<(kev_decide::Kev<CpuBackend>, ModelInfo)> {
-    let spec = model.load_spec(service.settings()?)?;
+    let mut spec = model.load_spec(service.settings()?)?;
     let adapters = model.adapter_dirs()?;
+    if !adapters.is_empty() {
+        // Served by name (`--adapter`, `--adapters-file`), even one: unmerged, so that adapters can be added
+        // and removed live beside it (a merged adapter is part of the shared weights).
+        spec.form = kev_decide::WeightForm::Exact;
+    }
     let (kev, info) = kev_decide::load_cpu_adapters(&spec, adapters.get(1..).unwrap_or(&[]))
         .with_context(|| format!("loading {}", describe(&spec.source)))?;
     let kev = match adapters.first() {

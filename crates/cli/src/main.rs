@@ -44,7 +44,7 @@ enum Command {
     /// Re-hash a prepared directory against its manifest.
     Verify(cmd::verify::Args),
     /// Serve the SystemOne HTTP API.
-    Serve(cmd::serve::Args),
+    Serve(Box<cmd::serve::Args>),
     /// Write a random-weight release in the published layout (real 4B dimensions by default).
     Synth(cmd::synth::Args),
     /// Benchmarks against the torch reference and llama.cpp.
@@ -59,19 +59,32 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(&cli.log_format);
+    // `kev serve --otlp-endpoint`: its spans go out through a layer of the one subscriber, set up here; the
+    // exporter is flushed and stopped when `telemetry` drops, after the command.
+    let otlp = match &cli.command {
+        Command::Serve(a) => a.otlp(),
+        _ => None,
+    };
+    let telemetry = match init_tracing(&cli.log_format, otlp.as_ref()) {
+        Ok(t) => t,
+        Err(err) => {
+            eprintln!("kev: error: {}", describe(&err));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Rows(a) => cmd::rows::run(a),
         Command::Decide(a) => cmd::decide::run(a),
         Command::Prepare(a) => cmd::prepare::run(a),
         Command::Verify(a) => cmd::verify::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Serve(a) => cmd::serve::run(*a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Accept(a) => cmd::accept::run(a),
         Command::Calibrate(a) => cmd::calibrate::run(a),
         Command::Eval(a) => cmd::eval::run(a),
     };
+    drop(telemetry);
     match result {
         Ok(code) => code,
         Err(err) => {
@@ -109,17 +122,38 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
     })
 }
 
-fn init_tracing(format: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("KEV_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
+/// Logs on stderr (`KEV_LOG`, text or JSON) and, with an OTLP endpoint, the exported traces: the server's
+/// spans (`kev_server::telemetry::TARGET`) go to the exporter only, never into the log lines.
+fn init_tracing(
+    format: &str,
+    otlp: Option<&kev_server::telemetry::OtlpConfig>,
+) -> anyhow::Result<Option<kev_server::telemetry::Telemetry>> {
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::{EnvFilter, Layer};
+    let filter = EnvFilter::try_from_env("KEV_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(format!("{}=off", kev_server::telemetry::TARGET).parse()?);
+    let (otel, telemetry) = match otlp {
+        Some(config) => {
+            let (layer, telemetry) = kev_server::telemetry::start(config)?;
+            (Some(layer), Some(telemetry))
+        }
+        None => (None, None),
+    };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if format == "json" {
+        fmt.json().boxed()
     } else {
-        builder.init();
+        fmt.boxed()
+    };
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(fmt.with_filter(filter))
+        .init();
+    if let Some(config) = otlp {
+        tracing::info!(endpoint = %config.endpoint, protocol = ?config.protocol, "exporting traces by OTLP");
     }
+    Ok(telemetry)
 }
 
 #[cfg(test)]

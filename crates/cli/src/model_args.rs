@@ -112,7 +112,7 @@ impl ModelArgs {
         }
         let mut default = self.default_adapter.clone();
         if let Some(path) = &self.adapters_file {
-            let (listed, file_default) = read_adapters_file(path)?;
+            let (listed, file_default) = AdapterDir::read_file(path)?;
             out.extend(listed);
             default = default.or(file_default);
         }
@@ -225,40 +225,6 @@ impl<T: Named> TypedValueParser for LibraryEnum<T> {
             T::ALL.iter().map(|v| PossibleValue::new(v.name())),
         ))
     }
-}
-
-/// `{"adapters": [{"name", "dir"}], "default"?: NAME}`, relative dirs from the file's directory.
-fn read_adapters_file(path: &std::path::Path) -> anyhow::Result<(Vec<AdapterDir>, Option<String>)> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Entry {
-        name: String,
-        dir: PathBuf,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct File {
-        adapters: Vec<Entry>,
-        default: Option<String>,
-    }
-    let text = std::fs::read(path)
-        .map_err(|e| anyhow::anyhow!("reading the adapters file {}: {e}", path.display()))?;
-    let file: File = serde_json::from_slice(&text)
-        .map_err(|e| anyhow::anyhow!("the adapters file {}: {e}", path.display()))?;
-    let root = path.parent().unwrap_or(std::path::Path::new("."));
-    let list = file
-        .adapters
-        .into_iter()
-        .map(|e| AdapterDir {
-            dir: if e.dir.is_absolute() {
-                e.dir
-            } else {
-                root.join(e.dir)
-            },
-            name: e.name,
-        })
-        .collect();
-    Ok((list, file.default))
 }
 
 #[cfg(test)]

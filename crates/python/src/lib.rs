@@ -86,6 +86,7 @@ struct EngineOptions {
     strict_models: bool,
     demo: bool,
     aliases: Option<Vec<String>>,
+    release: Option<String>,
 }
 
 impl EngineOptions {
@@ -101,9 +102,29 @@ impl EngineOptions {
     }
 
     /// The model's files: a prepared directory, the release directories, or kev-mini (`demo`).
-    fn source(&self, adapters: &[kev_decide::AdapterDir]) -> PyResult<Source> {
+    fn source(&self, py: Python<'_>, adapters: &[kev_decide::AdapterDir]) -> PyResult<Source> {
         let named = (&self.model_dir, &self.base, &self.kev, adapters.first());
         Ok(match named {
+            // A published release from the kev cache (or model_dir), prepared first when absent: what
+            // `kev serve --release NAME [--model-dir DIR]` serves.
+            (dir, None, None, None) if self.release.is_some() && !self.demo => {
+                let name = self.release.clone().unwrap_or_default();
+                let release: kev_release::Release = name.parse().map_err(PyValueError::new_err)?;
+                let prepared = py.detach(|| kev_prepare::prepared_release(release, dir.clone()));
+                Source::Prepared(prepared.map_err(|e| {
+                    PyRuntimeError::new_err(format!(
+                        "preparing the pinned {}: {e}\n{}",
+                        release.pins().name,
+                        kev_prepare::offline_hint()
+                    ))
+                })?)
+            }
+            _ if self.release.is_some() => {
+                return Err(PyValueError::new_err(
+                    "release=NAME serves a published release (prepared into model_dir, or the kev cache); it \
+                     does not combine with base, kev, adapters or demo",
+                ));
+            }
             (None, None, None, None) if self.demo => {
                 let (base, kev) =
                     kev_decide::demo_release().map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -167,7 +188,7 @@ impl Engine {
     #[new]
     fn new(py: Python<'_>, options: EngineOptions) -> PyResult<Self> {
         let adapters = options.adapter_dirs();
-        let source = options.source(&adapters)?;
+        let source = options.source(py, &adapters)?;
         let form: WeightForm = options.weights.parse().map_err(PyValueError::new_err)?;
         // The library's own parser and wording (`kev serve --precision` says the same).
         let arm: Option<Arm> = match options.precision.as_deref() {

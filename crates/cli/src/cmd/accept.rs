@@ -37,8 +37,9 @@ pub struct Args {
     /// Release pins (JSON, the shape `kev prepare --pins` reads); default: the built-in pins of --release.
     #[arg(long, value_name = "FILE")]
     pins: Option<PathBuf>,
-    /// The published release whose built-in pins (and real bar) apply: `kev-4b` (default) or `kev-0.8b`.
-    #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = ["kev-4b", "kev-0.8b"],
+    /// The published release whose built-in pins (and real bar) apply: `kev-4b` (default), `kev-0.8b` or
+    /// `kev-9b`.
+    #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = kev_release::Release::NAMES,
         conflicts_with = "pins")]
     release: String,
     /// `real` (default): the published bar for every arm. `synthetic`: for random-weight releases only, the

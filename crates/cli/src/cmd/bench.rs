@@ -65,7 +65,7 @@ struct BackboneArgs {
     peak_seconds: f64,
     /// Peers to run after ours: `none`, `torch` (fp32 and bf16), `llama` (llama.cpp on its BF16 GGUF),
     /// `llama-q8` (its Q8_0 GGUF), `llama-f16` (its F16 GGUF), `ik-llama` (ik_llama.cpp on the F16, Q8_0 and
-    /// Q4_K_M GGUFs, run-time repacking on), `all` (every one of them); comma-separated. When our kernels
+    /// Q4_K_M GGUFs, run-time repacking on), `ik-llama-q` (the same on Q8_0 and Q4_K_M only: no F16 GGUF), `all` (every one of them); comma-separated. When our kernels
     /// run AVX2 (`KEV_ISA=avx2` or an AVX2-only CPU) the peers run as on an AVX2-only CPU:
     /// `KEV_BENCH_LLAMA_ISA=avx2` (the llama.cpp and ik_llama.cpp AVX2 builds), `ATEN_CPU_CAPABILITY=avx2
     /// ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` (torch), each unless already set.

@@ -11,9 +11,10 @@ use kev_release::{Release, ReleasePins};
 /// Fetch, verify and merge the pinned release into an engine-ready directory.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The published release whose pins are used: `kev-4b` (Kev-4B v1.0) or `kev-0.8b` (Kev-0.8B v1.0;
-    /// some of its files have no public digest: docs/kev-0.8b-pins.md).
-    #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = ["kev-4b", "kev-0.8b"],
+    /// The published release whose pins are used: `kev-4b` (Kev-4B v1.0), `kev-0.8b` (Kev-0.8B v1.0) or
+    /// `kev-9b` (Kev-9B v1.0); some files of the last two have no public digest or size
+    /// (docs/kev-0.8b-pins.md, docs/kev-9b-pins.md).
+    #[arg(long, value_name = "NAME", default_value = "kev-4b", value_parser = Release::NAMES,
         conflicts_with = "pins")]
     release: String,
     /// The Kev repository: a local directory with its files (as every other command takes it), or
@@ -33,8 +34,9 @@ pub struct Args {
     /// The directory to create (must not exist, or be empty).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
-    /// Keep the vision tower (`model.visual.*`), the base's composite config.json and its shard
-    /// names: the layout of the published merged artifact, which still loads as the full base model.
+    /// Keep the vision tower (`model.visual.*`), an untied base's `lm_head.weight`, the base's composite
+    /// config.json and its shard names: the layout of the published merged artifact, which still loads as
+    /// the full base model.
     #[arg(long)]
     keep_extras: bool,
     /// Also keep the MTP head (`mtp.*`), which no loader of this model uses.
@@ -83,6 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     opts.extras = ExtrasPolicy {
         keep_visual: args.keep_extras,
         keep_mtp: args.keep_mtp,
+        keep_lm_head: args.keep_extras,
     };
     let mut hub = HubConfig::from_env();
     hub.offline |= args.offline;

@@ -2,8 +2,9 @@
 //!
 //! The model is named like every other command (`--model DIR` or `--base DIR --kev DIR`), or `--demo`
 //! (kev-mini, the bundled miniature Kev in `fixtures/mini`), or nothing: then the prepared Kev-4B v1.0 (or
-//! `--release kev-0.8b`) from the kev cache, prepared first (downloaded, verified, merged) when absent.
-//! `/v1/models` lists the size (`kev-4b`, `kev-0.8b`) beside `kev-latest` and `jev-latest`.
+//! `--release kev-0.8b`, `--release kev-9b`) from the kev cache, prepared first (downloaded, verified,
+//! merged) when absent. `/v1/models` lists the size (`kev-4b`, `kev-0.8b`, `kev-9b`) beside `kev-latest`
+//! and `jev-latest`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -47,6 +48,13 @@ pub struct Args {
     /// in turns with short passes on the one engine thread (`off`).
     #[arg(long, env = "KEV_LONG_LANE", default_value = "on", value_parser = ["on", "low", "off"])]
     long_lane: String,
+    /// The long lane's share of a machine saturated with short requests (0.05 to 0.9): while long work runs,
+    /// short requests step aside for it this fraction of the time, so a long request's wait is at most about
+    /// its time alone over the share (plus the queue ahead of it); `/metrics` reports it
+    /// (`kev_long_lane_share`).
+    #[arg(long, env = "KEV_LONG_LANE_SHARE", default_value_t = kev_server::share::DEFAULT_SHARE,
+        value_parser = share_value)]
+    long_lane_share: f64,
     /// Largest request body accepted, after decompression (bytes).
     #[arg(long, env = "KEV_MAX_BODY", default_value_t = 8 << 20)]
     max_body: usize,
@@ -57,8 +65,14 @@ pub struct Args {
     /// Open connections at most (further ones wait in the listen backlog).
     #[arg(long, env = "KEV_MAX_CONNECTIONS", default_value_t = 1024)]
     max_connections: usize,
-    /// Longest a client may take to send a request's headers, and longest an idle keep-alive connection
-    /// stays open (seconds).
+    /// Open connections one peer address may hold (default: a quarter of --max-connections); one more is
+    /// answered 429 and closed. Behind a reverse proxy every connection comes from the proxy's address: set
+    /// it to --max-connections there.
+    #[arg(long, env = "KEV_MAX_CONNECTIONS_PER_IP")]
+    max_connections_per_ip: Option<usize>,
+    /// Longest a client may take to send a request's headers, longest an idle keep-alive connection stays
+    /// open, and longest a connection's answers may stand still (a client that does not read them) before
+    /// it is closed (seconds).
     #[arg(long, env = "KEV_HEADER_READ_TIMEOUT_S", default_value_t = 10)]
     header_read_timeout_s: u64,
     /// Requests parsed and tokenized at once (default: the number of cores).
@@ -76,28 +90,78 @@ pub struct Args {
     /// The unnamed key (`KEV_API_KEY`, --api-key-file) still works beside them.
     #[arg(long, env = "KEV_API_KEYS", value_name = "FILE")]
     api_keys: Option<PathBuf>,
-    /// Longest the drain after SIGTERM/SIGINT may take (seconds): requests still open then are closed and the
-    /// process exits (below the usual 30 s grace before SIGKILL). During the drain new requests get 503.
+    /// Longest the drain after SIGTERM/SIGINT may take (seconds): requests still waiting or running then are
+    /// answered 503 and stopped, connections still open a second later closed, and the process exits within
+    /// about 3 s of the deadline whatever is in flight (below the usual 30 s grace before SIGKILL). During
+    /// the drain new requests get 503.
     #[arg(long, env = "KEV_DRAIN_TIMEOUT_S", default_value_t = 25)]
     drain_timeout_s: u64,
-    /// The slowest a request body may arrive after its first second, in bytes per second on average (0 turns
-    /// the floor off): a client dribbling its body is answered 408 and its queue slot freed within about a
-    /// second, instead of holding it for the whole body timeout.
+    /// The slowest a request body may arrive, in bytes per second over any 2 s (0 turns the floor off): a
+    /// client dribbling its body, or stalling after a burst, is answered 408 and its body permit freed within
+    /// about 2 s, instead of holding it for the whole body timeout.
     #[arg(long, env = "KEV_MIN_BODY_RATE", default_value_t = 16 << 10)]
     min_body_rate: usize,
+    /// A file holding the key of the adapter admin routes (`POST /v1/adapters {name, dir}`, `DELETE
+    /// /v1/adapters/NAME`; first line); `KEV_ADMIN_KEY` does the same, and so does a key marked `"admin": true`
+    /// in --api-keys. Without any, those routes answer 403 (secure by default).
+    #[arg(long, value_name = "FILE")]
+    admin_key_file: Option<PathBuf>,
     /// A file holding the bearer key `/metrics` asks for (first line); `KEV_METRICS_KEY` does the same.
     /// Without either `/metrics` is open, as `/health` is.
     #[arg(long, value_name = "FILE")]
     metrics_key_file: Option<PathBuf>,
     /// Which published release to serve when no model is named (--model, --base/--kev, --demo win): `kev-4b`
-    /// (default) or `kev-0.8b`. It is prepared (downloaded, verified, merged) into --model-dir on first use.
+    /// (default), `kev-0.8b` or `kev-9b`. It is prepared (downloaded, verified, merged) into --model-dir on
+    /// first use.
     #[arg(long, env = "KEV_RELEASE", value_name = "NAME", default_value = "kev-4b",
-        value_parser = ["kev-4b", "kev-0.8b"])]
+        value_parser = Release::NAMES)]
     release: String,
-    /// Where the default release is prepared (default: $KEV_HOME or ~/.cache/kev, then `kev-4b-v1.0` or
-    /// `kev-0.8b-v1.0`).
+    /// Where the default release is prepared (default: $KEV_HOME or ~/.cache/kev, then `kev-4b-v1.0`,
+    /// `kev-0.8b-v1.0` or `kev-9b-v1.0`).
     #[arg(long, env = "KEV_MODEL_DIR", value_name = "DIR")]
     model_dir: Option<PathBuf>,
+    /// Export OpenTelemetry traces of decision requests by OTLP to this collector: its base URL
+    /// (`http://collector:4318`, `/v1/traces` added when the URL has no path; gRPC: `http://collector:4317`).
+    /// Off by default (no exporter, no thread, no span).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// The OTLP transport: `http/protobuf` or `grpc`.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", default_value = "http/protobuf",
+        value_parser = ["http/protobuf", "grpc"])]
+    otlp_protocol: String,
+    /// `service.name` of the exported spans.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "kev")]
+    otlp_service_name: String,
+    /// Write an audit log: one JSON line per decision request (request id, key name, adapter and its sha256,
+    /// priority, status, tokens, phase times; never a secret) to FILE (appended; opened again on SIGHUP), or
+    /// `-` for stderr.
+    #[arg(long, env = "KEV_AUDIT_LOG", value_name = "FILE|-")]
+    audit_log: Option<kev_server::audit::AuditTarget>,
+    /// Also write each request's state (the document) in its audit line. Off by default: the audit log holds
+    /// no document content.
+    #[arg(long, env = "KEV_AUDIT_LOG_STATES", requires = "audit_log",
+        value_parser = clap::builder::BoolishValueParser::new())]
+    audit_log_states: bool,
+    /// Every this many seconds, answer the warm-up decision again through the served path and compare it with
+    /// its answer at start: `/ready` is 503 (saying why) while the latest canary failed or diverged. 0 turns it
+    /// off.
+    #[arg(long, env = "KEV_CANARY_INTERVAL_S", default_value_t = 30)]
+    canary_interval_s: u64,
+}
+
+impl Args {
+    /// The OTLP export these flags ask for (`None`: traces off).
+    pub fn otlp(&self) -> Option<kev_server::telemetry::OtlpConfig> {
+        let endpoint = self
+            .otlp_endpoint
+            .clone()
+            .filter(|e| !e.trim().is_empty())?;
+        Some(kev_server::telemetry::OtlpConfig {
+            endpoint,
+            protocol: self.otlp_protocol.parse().unwrap_or_default(),
+            service_name: self.otlp_service_name.clone(),
+        })
+    }
 }
 
 pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
@@ -112,6 +176,16 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
     let api_key = api_key(args.api_key_file.as_ref())?;
     let api_keys = match &args.api_keys {
         Some(path) => Some(Arc::new(kev_server::keys::Keys::read(path)?)),
+        None => None,
+    };
+    let audit = match &args.audit_log {
+        Some(target) => Some(Arc::new(
+            kev_server::audit::AuditLog::start(&kev_server::audit::AuditConfig {
+                target: target.clone(),
+                states: args.audit_log_states,
+            })
+            .with_context(|| format!("opening the audit log {target:?}"))?,
+        )),
         None => None,
     };
     let (mut kev, info) = load(&args.model, &args.service)?;
@@ -147,11 +221,18 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
             "metrics key",
         )?,
         max_connections: args.max_connections.max(1),
+        max_connections_per_ip: args.max_connections_per_ip,
+        long_lane_share: args.long_lane_share,
         header_read_timeout: Duration::from_secs(args.header_read_timeout_s.max(1)),
         admit_permits: args
             .admit_permits
             .unwrap_or(ServerConfig::default().admit_permits)
             .max(1),
+        audit,
+        admin_key: key_from(args.admin_key_file.as_ref(), "KEV_ADMIN_KEY", "admin key")?,
+        adapters_file: args.model.adapters_file.clone(),
+        canary_interval: (args.canary_interval_s > 0)
+            .then(|| Duration::from_secs(args.canary_interval_s)),
         ..ServerConfig::default()
     };
     tracing::info!(
@@ -168,8 +249,22 @@ pub fn run(mut args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(kev_server::serve(config, decider))?;
+    let served = runtime.block_on(kev_server::serve(config, decider));
+    // Admission work still on a blocking thread (a request the drain cut off) is not waited for long.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--long-lane-share`: a fraction the server accepts.
+fn share_value(s: &str) -> Result<f64, String> {
+    let (lo, hi) = kev_server::share::SHARE_RANGE;
+    match s.parse::<f64>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "a share from {lo} to {hi} (a fraction of the machine)"
+        )),
+    }
 }
 
 fn api_key(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
@@ -193,40 +288,14 @@ fn key_from(file: Option<&PathBuf>, env: &str, what: &str) -> anyhow::Result<Opt
 /// The prepared release (Kev-4B v1.0 unless --release says otherwise), preparing it (download, verify,
 /// merge) when it is not there yet.
 fn default_model(release: Release, dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    let pins = release.pins();
-    let dir = match dir {
-        Some(d) => d,
-        None => {
-            let home = std::env::var_os("KEV_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kev")))
-                .context("set KEV_HOME (or HOME) so kev knows where to keep the prepared model")?;
-            home.join(release.dir_name())
-        }
-    };
-    if dir.join("manifest.json").is_file() {
-        return Ok(dir);
-    }
-    tracing::info!(dir = %dir.display(), release = release.name(), "no prepared model yet: preparing it from the pinned release");
-    let opts = kev_prepare::PrepareOptions::for_release(dir.clone(), release);
-    match kev_prepare::prepare(&opts) {
-        Ok(report) => {
-            for w in &report.warnings {
-                tracing::warn!("{w}");
-            }
-            for u in &pins.unverified {
-                tracing::warn!("not verified by the {} pins: {u}", pins.name);
-            }
-            Ok(dir)
-        }
-        Err(e) => anyhow::bail!(
-            "no model to serve: preparing the pinned {} into {} failed: {e}\n\
-             With no network, point kev at local copies instead:\n  \
-             kev prepare --kev-dir KEV_REPO_DIR --base-dir BASE_REPO_DIR --out DIR && kev serve --model DIR\n\
-             or serve the release files directly: kev serve --base BASE_REPO_DIR --kev KEV_REPO_DIR\n\
-             (or try the API on the bundled miniature, kev-mini: kev serve --demo)",
-            pins.name,
-            dir.display()
-        ),
-    }
+    kev_prepare::prepared_release(release, dir.clone()).map_err(|e| {
+        let dir = kev_prepare::release_dir(release, dir)
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        anyhow::anyhow!(
+            "no model to serve: preparing the pinned {} into {dir} failed: {e}\n{}",
+            release.pins().name,
+            kev_prepare::offline_hint()
+        )
+    })
 }

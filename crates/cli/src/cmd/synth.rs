@@ -18,9 +18,15 @@ pub struct Args {
     seed: u64,
     /// Decoder shape: `4b` (Qwen3.5-4B: hidden 2560, 32 layers, vocab 248,320; ≈ 8.4 GB), `0.8b`
     /// (Qwen3.5-0.8B: hidden 1024, 24 layers, 8/2 attention heads, 16/16 DeltaNet heads; ≈ 1.5 GB; head and
-    /// adapter name Kev-0.8B's base) or `tiny` (the fixture widths: hidden 16, 8 layers, the real vocabulary).
+    /// adapter name Kev-0.8B's base), `9b` (Qwen3.5-9B: hidden 4096, MLP 12,288, 32 layers, untied with an
+    /// `lm_head.weight`; ≈ 18 GB; head and adapter name Kev-9B's base) or `tiny` (the fixture widths: hidden
+    /// 16, 8 layers, the real vocabulary).
     #[arg(long, default_value = "4b", value_parser = LibraryEnum::<Shape>::new())]
     config: Shape,
+    /// Keep only the first N layers of the shape, every width as it is (a release of the 9B shape small enough to
+    /// check a benchmark pipeline end to end: `--config 9b --layers 4` is 5.8 GB).
+    #[arg(long, value_name = "N")]
+    layers: Option<usize>,
     /// Number of safetensors shards in `base/` (an index file is written for more than one).
     #[arg(long, default_value_t = 2)]
     shards: usize,
@@ -44,6 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         shape: args.config,
         shards: args.shards,
+        layers: args.layers,
         no_adapter: args.no_adapter,
         skip_base: args.skip_base,
         tokenizer: args.tokenizer,

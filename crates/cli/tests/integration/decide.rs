@@ -191,3 +191,37 @@ fn a_synth_release_answers_kev_decide_base_kev() {
     assert!(!answers.is_empty(), "{v}");
     assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{v}");
 }
+
+/// `kev bench decide` times the int8 arm on weights made for it: alone (loaded quantised, as `kev serve
+/// --precision int8` loads it) and beside a float arm (quantised from the float weights once that arm has
+/// run). Weights are final at load, so a bench that ran every arm on one float load refused int8.
+#[test]
+fn bench_decide_runs_the_int8_arm_alone_and_beside_a_float_arm() {
+    for arms in ["int8", "bf16,int8"] {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("decide.json");
+        let out = with_release(kev().args(["bench", "decide"]))
+            .args([
+                "--arms", arms, "--cases", "1q-94", "--reps", "1", "--warmup", "0",
+            ])
+            .args(["--peers", "none", "--json"])
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kev bench decide --arms {arms}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let timed: Vec<&str> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["arm"].as_str().unwrap())
+            .collect();
+        for arm in arms.split(',') {
+            assert!(timed.contains(&arm), "--arms {arms}: timed {timed:?}");
+        }
+    }
+}

@@ -4,6 +4,9 @@
 mod calibrate_mini;
 mod decide;
 mod decide_outputs;
+mod ops;
 mod prepare_int8;
 mod serve_adversity;
+mod serve_pins;
+mod synthetic_server;
 mod tools;

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-fn fixtures() -> PathBuf {
+pub(crate) fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
 }
 
-fn kev() -> Command {
+pub(crate) fn kev() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kev"));
     c.env("KEV_LOG", "warn");
     for v in [
@@ -25,6 +25,10 @@ fn kev() -> Command {
         "KEV_MODEL",
         "KEV_PORT",
         "KEV_API_KEY",
+        "KEV_ADMIN_KEY",
+        "KEV_API_KEYS",
+        "KEV_AUDIT_LOG",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
     ] {
         c.env_remove(v);
     }
@@ -40,9 +44,9 @@ fn with_release(c: &mut Command) -> &mut Command {
 }
 
 /// A `kev serve --demo` child on a free port, killed on drop.
-struct Served {
-    child: Child,
-    base: String,
+pub(crate) struct Served {
+    pub(crate) child: Child,
+    pub(crate) base: String,
 }
 
 impl Served {
@@ -53,7 +57,7 @@ impl Served {
     }
 
     /// `kev serve ARGS --port P` (the demo directory set to the random fixture release).
-    fn serve(args: &[&str]) -> Served {
+    pub(crate) fn serve(args: &[&str]) -> Served {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -917,7 +921,7 @@ fn metric_value(s: &Served, name: &str) -> f64 {
 }
 
 /// A call with a bearer key (or none) and any method; (status, JSON body).
-fn call(
+pub(crate) fn call(
     s: &Served,
     method: &str,
     path: &str,
