@@ -4,7 +4,8 @@ tables), and `#[allow(clippy::…)]` without a one-line reason on the line above
 
 A function's length runs from its `fn` line to its closing brace (brace matching that skips strings,
 chars and comments). Test code (files under tests/, `#[cfg(test)] mod` blocks, `tests.rs` files) is not
-counted. Prints one line per finding and exits 1 if any; `--counts` prints the totals only.
+counted, nor a function marked as a table (`// shape: table` on one of the three lines above its `fn`: a list
+of pinned digests, say). Prints one line per finding and exits 1 if any; `--counts` prints the totals only.
 """
 import os
 import re
@@ -88,7 +89,9 @@ def scan(path):
             in_test[i] = True
         m = FN_RE.match(c)
         if m and test_depth is None:
-            stack.append((m.group(7), i, depth))
+            # A function that is a table of data says so on a comment line just above it (`// shape: table`).
+            table = any("shape: table" in lines[j] for j in range(max(0, i - 3), i))
+            stack.append(("" if table else m.group(7), i, depth))
         for ch in c:
             if ch == "{":
                 if pending_test and test_depth is None:
@@ -100,7 +103,8 @@ def scan(path):
                 depth -= 1
                 if stack and depth == stack[-1][2] and stack[-1][1] <= i:
                     name, start, _ = stack.pop()
-                    fns.append((name, start + 1, i - start + 1))
+                    if name:
+                        fns.append((name, start + 1, i - start + 1))
                 if test_depth is not None and depth == test_depth:
                     test_depth = None
             elif ch == ";" and stack and depth == stack[-1][2]:
