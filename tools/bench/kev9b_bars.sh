@@ -16,6 +16,7 @@
 # Everything goes to OUT (default target/kev9b-bars/<UTC time>): raw outputs, JSON reports, summary.txt, bars.json.
 #
 #   tools/bench/kev9b_bars.sh [--synth DIR] [--out DIR] [--quick] [--skip-avx2] [--skip-serve] [--layers N]
+#                             [--lengths L,L] [--reps R] [--peers P,P]
 #
 # Needs: ≈ 18 GB of disk for the release and ≈ 34 GB for the GGUFs (BF16 17.9 GB, Q8_0 9.5 GB, Q4_K_M 5.7 GB;
 # under KEV_BENCH_CACHE, default target/bench-cache), ≈ 20 GiB of free memory (the bf16 arm and llama.cpp's BF16
@@ -25,10 +26,12 @@
 # --quick: 94 tokens only, one repetition, no serve (checks the whole chain in about an hour once the peers and
 # GGUFs are cached; its figures are not the bars'). --layers 4 runs the same chain on the 9B shape's first four
 # layers (a 5.8 GB release, GGUFs ≈ 11 GB: the end-to-end check on a small disk; its figures are not the 9B's).
+# --lengths / --reps / --peers override the backbone rows (a session short of hours measures a subset, and says so:
+# the summary marks a length it did not run as unmeasured, never as met); --peers as `kev bench --peers` takes it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-synth="" out="" quick=0 skip_avx2=0 skip_serve=0 layers=""
+synth="" out="" quick=0 skip_avx2=0 skip_serve=0 layers="" lengths_arg="" reps_arg="" peers_arg=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --synth) synth="$2"; shift 2 ;;
@@ -37,6 +40,9 @@ while [[ $# -gt 0 ]]; do
         --skip-avx2) skip_avx2=1; shift ;;
         --skip-serve) skip_serve=1; shift ;;
         --layers) layers="$2"; shift 2 ;;
+        --lengths) lengths_arg="$2"; shift 2 ;;
+        --reps) reps_arg="$2"; shift 2 ;;
+        --peers) peers_arg="$2"; shift 2 ;;
         -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "kev9b_bars: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -46,6 +52,7 @@ if [[ $quick -eq 1 ]]; then
 else
     lengths=94,380,1518 reps=3 decide_reps=10
 fi
+lengths="${lengths_arg:-$lengths}" reps="${reps_arg:-$reps}"
 synth="${synth:-target/bench-cache/synth-9b${layers:+-l$layers}}"
 out="${out:-target/kev9b-bars/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
@@ -77,7 +84,7 @@ if [[ ! -f "$synth/base/config.json" || ! -f "$synth/kev/kev_head.json" ]]; then
 fi
 du -sh "$synth" | note
 
-peers=llama,llama-q8,ik-llama-q
+peers="${peers_arg:-llama,llama-q8,ik-llama-q}"
 backbone() { # name, arms, then env assignments
     local name="$1" arms="$2"; shift 2
     say ""
