@@ -316,19 +316,26 @@ def disconnect_client():
     i = 0
     while time.monotonic() < stop_at:
         i += 1
-        s = socket.create_connection((host.hostname, host.port), timeout=10)
-        try:
-            if i % 2:
-                s.sendall(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                          + auth_line() + f"content-length: {len(body)}\r\n\r\n".encode() + body)
-            else:
-                s.sendall(b"POST /v1/systemone HTTP/1.1\r\nhost: x\r\n")  # half the headers, then silence
-            time.sleep(0.3)
-        finally:
-            s.close()
-        with lock:
-            counts["disconnected"] += 1
+        # every other one sends half the headers, then silence
+        hang_up("/v1/systemone", body if i % 2 else None)
         time.sleep(0.2)
+
+
+def hang_up(path, body):
+    """POST `body` to `path` (None: half the headers only), wait 0.3 s and close without reading the answer."""
+    s = socket.create_connection((host.hostname, host.port), timeout=10)
+    try:
+        head = f"POST {path} HTTP/1.1\r\nhost: x\r\n".encode()
+        if body is None:
+            s.sendall(head)
+        else:
+            s.sendall(head + b"content-type: application/json\r\n" + auth_line()
+                      + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.3)
+    finally:
+        s.close()
+    with lock:
+        counts["disconnected"] += 1
 
 
 def timeless(body):
@@ -529,16 +536,9 @@ def pin_hangup_client():
         i += 1
         state = "".join(f"Abandoned {i}-{n}: the parcel was lost and nobody answers the phone.\n" for n in range(900))
         body = json.dumps({"state": state, "ttl_s": 86400}).encode()
-        s = socket.create_connection((host.hostname, host.port), timeout=10)
-        try:
-            s.sendall(b"POST /v1/systemone/states HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                      + auth_line() + f"content-length: {len(body)}\r\n\r\n".encode() + body)
-            time.sleep(0.3)
-        finally:
-            s.close()
+        hang_up("/v1/systemone/states", body)
         with lock:
             pin_figures["abandoned"] += 1
-            counts["disconnected"] += 1
         time.sleep(2)
 
 

@@ -520,6 +520,15 @@ mod tests {
         p.commit(&o.id)
     }
 
+    /// Nothing pinned, filled or reserved is left in `p` (made with a budget of 1,000 bytes).
+    fn assert_holds_nothing<S: Clone>(p: &PinnedStates<S>) {
+        let empty = PinStats {
+            budget: 1000,
+            ..PinStats::default()
+        };
+        assert_eq!(p.stats(), empty);
+    }
+
     #[test]
     fn a_pin_exists_only_once_answered_and_only_for_its_owner() {
         let p = PinnedStates::new(1000);
@@ -546,13 +555,7 @@ mod tests {
         p.abandon("a"); // answered: it stays
         assert!(p.remove("a", Some("alice")));
         assert!(p.snapshot(0, &[1, 2]).is_none());
-        assert_eq!(
-            p.stats(),
-            PinStats {
-                budget: 1000,
-                ..PinStats::default()
-            }
-        );
+        assert_holds_nothing(&p);
     }
 
     #[test]
@@ -569,13 +572,7 @@ mod tests {
             assert!(!p.wants(&id));
             assert_eq!(p.commit(&id), Err(PinRefusal::Lost));
         }
-        assert_eq!(
-            p.stats(),
-            PinStats {
-                budget: 1000,
-                ..PinStats::default()
-            }
-        );
+        assert_holds_nothing(&p);
     }
 
     #[test]
@@ -632,13 +629,7 @@ mod tests {
                 limit: 500
             }
         );
-        assert_eq!(
-            p.stats(),
-            PinStats {
-                budget: 1000,
-                ..PinStats::default()
-            }
-        );
+        assert_holds_nothing(&p);
     }
 
     #[test]

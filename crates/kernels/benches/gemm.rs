@@ -2,7 +2,8 @@
 //! from them) against the `gemm` crate's f32 GEMM (weights pre-widened to f32, its best case). `cargo bench
 //! -p kev-kernels --features peak --bench gemm`; `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions
 //! (median reported), `KEV_BENCH_ARMS=fp32,bf16,int8,crate` the columns (all by default),
-//! `KEV_BENCH_INT8=wide` 8-bit weights for the int8 column (default: the rule's 7-bit weights,
+//! `KEV_BENCH_SHAPES=9b` the 9B's shapes, `KEV_BENCH_COLD_MB=1200` int8 weights
+//! rotated through copies that outgrow the last-level cache (as a forward's are), `KEV_BENCH_INT8=wide` 8-bit weights for the int8 column (default: the rule's 7-bit weights,
 //! `WeightQuant::narrow`, which AVX2 multiplies with `vpmaddubsw`); each read against its own chain's ceiling.
 
 use std::time::Instant;
@@ -116,12 +117,11 @@ fn main() {
         "m", "n", "k", "kev fp32", "kev bf16", "kev int8", "gemm-crate f32"
     );
     // (n, k): GDN fused in_proj, GDN out_proj (and attention o_proj), MLP gate+up, MLP down.
-    let shapes = [
-        (12352usize, 2560usize),
-        (2560, 4096),
-        (18432, 2560),
-        (2560, 9216),
-    ];
+    // `KEV_BENCH_SHAPES=9b` takes the 9B's (hidden 4,096, intermediate 12,288, GDN in_proj 8,192 + 4,096 + 2·32).
+    let shapes: &[(usize, usize)] = match std::env::var("KEV_BENCH_SHAPES").as_deref() {
+        Ok("9b") => &[(12352, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
+        _ => &[(12352, 2560), (2560, 4096), (18432, 2560), (2560, 9216)],
+    };
     let mut seed = 1u64;
     let mut rnd = move || {
         seed = seed
@@ -129,7 +129,7 @@ fn main() {
             .wrapping_add(1442695040888963407);
         ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     };
-    for &(n, k) in &shapes {
+    for &(n, k) in shapes {
         let w: Vec<f32> = (0..n * k)
             .map(|_| bf16_to_f32(bf16_bits(rnd() * 0.05)))
             .collect();
@@ -179,12 +179,28 @@ fn columns(
         }));
     }
     cols.push(q8.map(|q| {
+        // Cold weights, as in a model's forward (its weights are many times the last-level cache):
+        // copies enough to outgrow `KEV_BENCH_COLD_MB`, a different one per call.
+        let cold_mb: usize = std::env::var("KEV_BENCH_COLD_MB")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let copies: Vec<PackedInt8> = (0..(cold_mb << 20).div_ceil(n * k))
+            .map(|_| q.clone())
+            .collect();
+        let mut next = 0;
         time(reps, || {
             let out = RowsMut {
                 data: &mut c,
                 ld: n,
             };
-            gemm_int8(Run::new(kern, Arm::Int8), rows(), q, out)
+            let w = if copies.is_empty() {
+                q
+            } else {
+                next = (next + 1) % copies.len();
+                &copies[next]
+            };
+            gemm_int8(Run::new(kern, Arm::Int8), rows(), w, out)
         })
     }));
     // The gemm crate wants W as a [k, n] right-hand side: column stride k over the row-major W.

@@ -50,6 +50,7 @@ use super::simd::{Kernel, Simd};
 const K_MAX: usize = 66_000;
 
 /// A weight matrix `[n, k]` quantised to int8 per output channel, in panel layout.
+#[derive(Clone)]
 pub struct PackedInt8 {
     n: usize,
     k: usize,

@@ -261,15 +261,16 @@ mod tests {
         assert_eq!(size_name("x/-B-"), None);
     }
 
-    #[test]
-    fn kev_08b_pins_are_well_formed_and_cover_what_kev_reads() {
-        let p = ReleasePins::kev_0_8b_v1();
+    /// The pins survive a round trip through a file, every digest is a sha256, and they name every file
+    /// kev reads: the adapter's four, the base's config and index, and its `shards`.
+    fn assert_pins_cover_what_kev_reads(p: &ReleasePins, shards: &[&str]) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pins.json");
         std::fs::write(&path, p.to_json()).unwrap();
-        assert_eq!(ReleasePins::from_json_file(&path).unwrap(), p);
+        assert_eq!(&ReleasePins::from_json_file(&path).unwrap(), p);
         for f in p.kev.files.iter().chain(&p.base.files) {
             assert_eq!(f.kind, DigestKind::Sha256, "{}", f.name);
+            assert_eq!(f.digest.len(), 64, "{}", f.name);
         }
         for name in [
             "adapter_config.json",
@@ -279,13 +280,16 @@ mod tests {
         ] {
             assert!(p.kev.file(name).is_some(), "{name}");
         }
-        for name in [
-            "config.json",
-            "model.safetensors.index.json",
-            "model.safetensors-00001-of-00001.safetensors",
-        ] {
+        let base = ["config.json", "model.safetensors.index.json"];
+        for name in base.iter().chain(shards) {
             assert!(p.base.file(name).is_some(), "{name}");
         }
+    }
+
+    #[test]
+    fn kev_08b_pins_are_well_formed_and_cover_what_kev_reads() {
+        let p = ReleasePins::kev_0_8b_v1();
+        assert_pins_cover_what_kev_reads(&p, &["model.safetensors-00001-of-00001.safetensors"]);
         // The two releases share the Kev tokenizer and the base tokenizer byte for byte.
         let four = ReleasePins::kev_4b_v1();
         assert_eq!(
@@ -303,33 +307,18 @@ mod tests {
     #[test]
     fn kev_9b_pins_are_well_formed_and_cover_what_kev_reads() {
         let p = ReleasePins::kev_9b_v1();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("pins.json");
-        std::fs::write(&path, p.to_json()).unwrap();
-        assert_eq!(ReleasePins::from_json_file(&path).unwrap(), p);
-        for f in p.kev.files.iter().chain(&p.base.files) {
-            assert_eq!(f.kind, DigestKind::Sha256, "{}", f.name);
-            assert_eq!(f.digest.len(), 64, "{}", f.name);
-        }
-        for name in [
-            "adapter_config.json",
-            "adapter_model.safetensors",
-            "head.pt",
-            "tokenizer.json",
-        ] {
-            assert!(p.kev.file(name).is_some(), "{name}");
-        }
-        let shards: Vec<&str> = p
-            .base
-            .files
-            .iter()
-            .map(|f| f.name.as_str())
-            .filter(|n| n.starts_with("model.safetensors-"))
+        let shards: Vec<String> = (1..=4)
+            .map(|i| format!("model.safetensors-{i:05}-of-00004.safetensors"))
             .collect();
-        assert_eq!(shards.len(), 4);
-        for name in ["config.json", "model.safetensors.index.json"] {
-            assert!(p.base.file(name).is_some(), "{name}");
-        }
+        let shards: Vec<&str> = shards.iter().map(String::as_str).collect();
+        assert_pins_cover_what_kev_reads(&p, &shards);
+        let listed = p.base.files.iter();
+        assert_eq!(
+            listed
+                .filter(|f| f.name.starts_with("model.safetensors-"))
+                .count(),
+            4
+        );
         // Only the three files no record sizes are no_size, and the pins say so.
         let no_size: Vec<&str> = p
             .kev

@@ -16,7 +16,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::json;
-use support::{Stub, agent, send, start_ready};
+use support::{Stub, agent, keep_spans, send, serve_loopback, start_ready};
 
 /// The names of this process's threads.
 fn threads() -> Vec<String> {
@@ -38,38 +38,23 @@ fn exporter_threads() -> Vec<String> {
 fn receiver() -> (String, Arc<Mutex<Vec<Span>>>) {
     let spans = Arc::new(Mutex::new(Vec::new()));
     let kept = Arc::clone(&spans);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let app = axum::Router::new().route(
-                "/v1/traces",
-                axum::routing::post(move |body: axum::body::Bytes| {
-                    let kept = Arc::clone(&kept);
-                    async move {
-                        let req = ExportTraceServiceRequest::decode(body).unwrap();
-                        let mut out = kept.lock().unwrap();
-                        for rs in req.resource_spans {
-                            for ss in rs.scope_spans {
-                                out.extend(ss.spans);
-                            }
-                        }
-                        // An empty ExportTraceServiceResponse.
-                        (
-                            [("content-type", "application/x-protobuf")],
-                            Vec::<u8>::new(),
-                        )
-                    }
-                }),
-            );
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            axum::serve(listener, app).await.unwrap();
-        });
+    let url = serve_loopback(move |listener| async move {
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let kept = Arc::clone(&kept);
+                async move {
+                    let req = ExportTraceServiceRequest::decode(body).unwrap();
+                    keep_spans(&mut kept.lock().unwrap(), req.resource_spans);
+                    // An empty ExportTraceServiceResponse.
+                    (
+                        [("content-type", "application/x-protobuf")],
+                        Vec::<u8>::new(),
+                    )
+                }
+            }),
+        );
+        axum::serve(listener, app).await.unwrap();
     });
     (url, spans)
 }

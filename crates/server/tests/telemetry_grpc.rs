@@ -18,7 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::json;
-use support::{Stub, agent, send, start_ready};
+use support::{Stub, agent, keep_spans, send, serve_loopback, start_ready};
 
 #[derive(Clone, Default)]
 struct Receiver(Arc<Mutex<Vec<Span>>>);
@@ -29,12 +29,10 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut out = self.0.lock().unwrap();
-        for rs in request.into_inner().resource_spans {
-            for ss in rs.scope_spans {
-                out.extend(ss.spans);
-            }
-        }
+        keep_spans(
+            &mut self.0.lock().unwrap(),
+            request.into_inner().resource_spans,
+        );
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
 }
@@ -43,22 +41,12 @@ impl TraceService for Receiver {
 fn spans_reach_a_grpc_receiver_in_the_callers_trace() {
     let receiver = Receiver::default();
     let spans = Arc::clone(&receiver.0);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+    let url = serve_loopback(move |listener| async move {
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(receiver))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
             .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(receiver))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
-                .await
-                .unwrap();
-        });
     });
     let (layer, telemetry) =
         kev_server::telemetry::start::<tracing_subscriber::Registry>(&OtlpConfig {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::tools::{Served, call, fixtures};
+use crate::tools::{Served, call, fixtures, metrics_text};
 
 /// The names of process `pid`'s threads.
 fn threads(pid: u32) -> Vec<String> {
@@ -127,14 +127,6 @@ fn admin_call(
     call(s, method, path, key, body)
 }
 
-fn metrics_text(s: &Served) -> String {
-    ureq::get(&format!("{}/metrics", s.base))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap()
-}
-
 /// An answer without its latency (the rest is byte for byte the model's).
 fn timeless(mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
@@ -203,7 +195,7 @@ fn adapters_are_added_and_removed_live_and_follow_the_adapters_file() {
         models.to_string().contains("\"x_adapter\":\"ops\""),
         "{models}"
     );
-    assert!(metrics_text(&live).contains("kev_adapter_loaded{adapter=\"ops\"} 1"));
+    assert!(metrics_text(&live.base).contains("kev_adapter_loaded{adapter=\"ops\"} 1"));
     let body = |model: &str, i: usize| {
         json!({"model": model, "state": format!("Ticket {i}: the parcel is late and the customer wants a refund."),
                "questions": {"refund": {"type": "noul", "instructions": "Is a refund requested?"},
@@ -278,7 +270,7 @@ fn adapters_are_added_and_removed_live_and_follow_the_adapters_file() {
         !models.to_string().contains("\"x_adapter\":\"ops\""),
         "{models}"
     );
-    assert!(!metrics_text(&live).contains("kev_adapter_loaded{adapter=\"ops\"}"));
+    assert!(!metrics_text(&live.base).contains("kev_adapter_loaded{adapter=\"ops\"}"));
     assert_eq!(
         admin_call(&live, "DELETE", "/v1/adapters/kev", admin, None).0,
         409
@@ -299,7 +291,7 @@ fn adapters_are_added_and_removed_live_and_follow_the_adapters_file() {
     write_list(&["support"]);
     hup();
     let t = Instant::now();
-    while !metrics_text(&live).contains("kev_adapter_loaded{adapter=\"support\"} 1") {
+    while !metrics_text(&live.base).contains("kev_adapter_loaded{adapter=\"support\"} 1") {
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "support was not added"

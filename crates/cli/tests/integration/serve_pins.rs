@@ -9,6 +9,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use crate::synthetic_server::{Server, serve};
+use crate::tools::metric_at;
 
 use serde_json::{Value, json};
 
@@ -42,15 +43,7 @@ fn call(
 }
 
 fn metric(s: &Server, name: &str) -> f64 {
-    let text = ureq::get(&format!("{}/metrics", s.base))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    metric_at(&s.base, name)
 }
 
 /// A state of about `lines` × 14 tokens, distinct per `tag`.

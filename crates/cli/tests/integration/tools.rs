@@ -908,16 +908,26 @@ fn api_keys_are_read_again_on_sighup() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn metric_value(s: &Served, name: &str) -> f64 {
-    let text = ureq::get(&format!("{}/metrics", s.base))
+/// The Prometheus text of the server at `base`.
+pub(crate) fn metrics_text(base: &str) -> String {
+    ureq::get(&format!("{base}/metrics"))
         .call()
         .unwrap()
         .into_string()
-        .unwrap();
-    text.lines()
+        .unwrap()
+}
+
+/// The value of the series `name` (with its labels) on the server at `base`; 0 when it is absent.
+pub(crate) fn metric_at(base: &str, name: &str) -> f64 {
+    metrics_text(base)
+        .lines()
         .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0)
+}
+
+fn metric_value(s: &Served, name: &str) -> f64 {
+    metric_at(&s.base, name)
 }
 
 /// A call with a bearer key (or none) and any method; (status, JSON body).

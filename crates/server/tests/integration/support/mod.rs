@@ -372,3 +372,37 @@ pub fn json_of(r: ureq::Response) -> Value {
     );
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
+
+/// A loopback OTLP receiver for the trace tests: `serve` runs on a listener of its own (a current-thread
+/// runtime on a thread of its own, for the rest of the process); returns its `http://` URL.
+pub fn serve_loopback<F, Fut>(serve: F) -> String
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(
+            async move { serve(tokio::net::TcpListener::from_std(listener).unwrap()).await },
+        );
+    });
+    url
+}
+
+/// Every span of an OTLP export request's resources and scopes, appended to `out`.
+pub fn keep_spans(
+    out: &mut Vec<opentelemetry_proto::tonic::trace::v1::Span>,
+    resources: Vec<opentelemetry_proto::tonic::trace::v1::ResourceSpans>,
+) {
+    for rs in resources {
+        for ss in rs.scope_spans {
+            out.extend(ss.spans);
+        }
+    }
+}
