@@ -2,9 +2,10 @@
 //! from them) against the `gemm` crate's f32 GEMM (weights pre-widened to f32, its best case). `cargo bench
 //! -p kev-kernels --features peak --bench gemm`; `KEV_BENCH_M=94,380` picks the row counts, `KEV_BENCH_REPS` the repetitions
 //! (median reported), `KEV_BENCH_ARMS=fp32,bf16,int8,crate` the columns (all by default),
-//! `KEV_BENCH_SHAPES=9b` the 9B's shapes, `KEV_BENCH_COLD_MB=1200` int8 weights
-//! rotated through copies that outgrow the last-level cache (as a forward's are), `KEV_BENCH_INT8=wide` 8-bit weights for the int8 column (default: the rule's 7-bit weights,
-//! `WeightQuant::narrow`, which AVX2 multiplies with `vpmaddubsw`); each read against its own chain's ceiling.
+//! `KEV_BENCH_SHAPES=9b` the 9B's shapes, `KEV_BENCH_COLD_MB=1200` the int8 weights rotated through copies
+//! that outgrow the last-level cache (as a forward's are), `KEV_BENCH_INT8=wide` 8-bit weights for the int8
+//! column (default: the rule's 7-bit weights, `WeightQuant::narrow`, which AVX2 multiplies with
+//! `vpmaddubsw`); each read against its own chain's ceiling.
 
 use std::time::Instant;
 
@@ -39,6 +40,8 @@ struct Setup {
     reps: usize,
     arms: Vec<String>,
     narrow: bool,
+    /// Megabytes the int8 column's weight copies must outgrow (0: one copy, warm in cache).
+    cold_mb: usize,
     kern: Kernels,
     threads: usize,
 }
@@ -63,6 +66,10 @@ impl Setup {
                 .unwrap_or(5),
             arms: list("KEV_BENCH_ARMS", "fp32,bf16,int8,crate"),
             narrow: std::env::var("KEV_BENCH_INT8").map_or(true, |v| v != "wide"),
+            cold_mb: std::env::var("KEV_BENCH_COLD_MB")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
             kern: Kernels::detect(),
             threads: rayon::current_num_threads(),
         }
@@ -138,14 +145,20 @@ fn main() {
             narrow: set.narrow,
             ..WeightQuant::default()
         };
-        let q8 = set
-            .on("int8")
-            .then(|| PackedInt8::from_f32_with(n, k, &w, quant));
+        // Cold weights, as in a model's forward (its weights are many times the last-level cache): copies
+        // enough to outgrow `KEV_BENCH_COLD_MB`, a different one per call.
+        let q8: Vec<PackedInt8> = if set.on("int8") {
+            let q = PackedInt8::from_f32_with(n, k, &w, quant);
+            vec![q; (set.cold_mb << 20).div_ceil(n * k).max(1)]
+        } else {
+            Vec::new()
+        };
         for &m in &set.ms {
             // Rows padded by one cache line, as the engine lays out its activations.
             let lda = k + 16;
             let a: Vec<f32> = (0..m * lda).map(|_| rnd()).collect();
-            let cols = columns(&set, (&a, m, lda), (&w, &packed, q8.as_ref()), n);
+            let q8 = (!q8.is_empty()).then_some(&q8[..]);
+            let cols = columns(&set, (&a, m, lda), (&w, &packed, q8), n);
             print_row(&set, (m, n, k), &cols, int8_ceiling);
         }
     }
@@ -156,7 +169,7 @@ fn main() {
 fn columns(
     set: &Setup,
     (a, m, lda): (&[f32], usize, usize),
-    (w, packed, q8): (&[f32], &PackedMatrix, Option<&PackedInt8>),
+    (w, packed, q8): (&[f32], &PackedMatrix, Option<&[PackedInt8]>),
     n: usize,
 ) -> Vec<Option<(f64, f64)>> {
     let (kern, reps, k) = (set.kern, set.reps, packed.k());
@@ -178,29 +191,15 @@ fn columns(
             })
         }));
     }
-    cols.push(q8.map(|q| {
-        // Cold weights, as in a model's forward (its weights are many times the last-level cache):
-        // copies enough to outgrow `KEV_BENCH_COLD_MB`, a different one per call.
-        let cold_mb: usize = std::env::var("KEV_BENCH_COLD_MB")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let copies: Vec<PackedInt8> = (0..(cold_mb << 20).div_ceil(n * k))
-            .map(|_| q.clone())
-            .collect();
+    cols.push(q8.map(|copies| {
         let mut next = 0;
         time(reps, || {
             let out = RowsMut {
                 data: &mut c,
                 ld: n,
             };
-            let w = if copies.is_empty() {
-                q
-            } else {
-                next = (next + 1) % copies.len();
-                &copies[next]
-            };
-            gemm_int8(Run::new(kern, Arm::Int8), rows(), w, out)
+            next = (next + 1) % copies.len();
+            gemm_int8(Run::new(kern, Arm::Int8), rows(), &copies[next], out)
         })
     }));
     // The gemm crate wants W as a [k, n] right-hand side: column stride k over the row-major W.
