@@ -25,7 +25,8 @@
 //! Schedule ([`run_gemm`]): rows in chunks that stay in L2 ([`chunks`]), and for each chunk the
 //! threads take panels, each worker configuring its tiles once ([`TileGuard`]); a panel runs each
 //! 32-row block of the chunk and asks the start of the next panel into L2 meanwhile, a few lines per
-//! tile step ([`NextPanel`]). The drivers are generic over a [`TileUnit`], so the tests run them on a
+//! tile step ([`NextPanel`]); a block's results are handed out (dequantised) while the next block's
+//! first half panel is on the tiles. The drivers are generic over a [`TileUnit`], so the tests run them on a
 //! plain-arithmetic stand-in on every CPU as well as on the tiles where they exist.
 
 use std::arch::asm;
@@ -290,10 +291,12 @@ fn spread_share(
     (start..(start + per_call).min(len), per_step)
 }
 
-/// The four tile products of one step: `tmm0..3 += {tmm4, tmm5} × {tmm6, tmm7}`.
+/// The four tile products of one step: `tmm0..3 += {tmm4, tmm5} × {tmm6, tmm7}` (the peak loop's; a
+/// block interleaves them with its loads).
 ///
 /// # Safety
 /// The thread's tiles are configured and hold the step's operands.
+#[cfg(feature = "peak")]
 #[inline(always)]
 unsafe fn products(product: Product) {
     // SAFETY: the caller's contract; register-only instructions.
@@ -326,8 +329,8 @@ pub(crate) struct TileRows {
     pub m: usize,
 }
 
-/// A task's buffers for [`run_panel`]: one 32-row block of results (64 per row) and the zero-padded
-/// copy of a panel's partial last step.
+/// A task's buffers for [`run_panel`]: two 32-row blocks of results (64 per row; one being stored while
+/// the other is handed out) and the zero-padded copy of a panel's partial last step.
 struct Scratch {
     out: AlignedBuf<i32>,
     tail: AlignedBuf<u8>,
@@ -336,7 +339,7 @@ struct Scratch {
 impl Scratch {
     fn new() -> Self {
         Scratch {
-            out: AlignedBuf::zeroed(ROWS * 64),
+            out: AlignedBuf::zeroed(2 * ROWS * 64),
             tail: AlignedBuf::zeroed(STEP * PANEL_ROW),
         }
     }
@@ -362,7 +365,7 @@ pub(crate) trait TileUnit: Sized {
     ///
     /// # Safety
     /// As [`block`].
-    unsafe fn block(product: Product, blk: Block);
+    unsafe fn block(product: Product, blk: Block, between: &mut dyn FnMut());
 }
 
 /// The CPU's tiles.
@@ -389,9 +392,9 @@ impl TileUnit for Amx {
         &AMX_GUARDS
     }
     #[inline]
-    unsafe fn block(product: Product, blk: Block) {
+    unsafe fn block(product: Product, blk: Block, between: &mut dyn FnMut()) {
         // SAFETY: forwarded.
-        unsafe { block(product, blk) }
+        unsafe { block(product, blk, between) }
     }
 }
 
@@ -549,7 +552,22 @@ unsafe fn run_panel<U: TileUnit>(
     // SAFETY: the unit exists (the caller's contract). On a worker that has run a panel before, this
     // only counts.
     let _tiles = unsafe { TileGuard::<U>::enter() };
+    // Results alternate between the two halves of `scratch.out`: block `b`'s are handed to `out` while
+    // block `b + 1`'s first half panel is on the tiles (see [`block`]), so the vector work of `out`
+    // overlaps the tile work instead of following it.
+    let results = scratch.out.as_mut_ptr();
+    let mut pending: Option<(usize, usize)> = None;
+    let mut hand_out = |pending: &mut Option<(usize, usize)>| {
+        if let Some((r0, buf)) = pending.take() {
+            // SAFETY: buffer `buf` holds a block stored by its last `block` call; no tile store writes
+            // it until the next block's (the other buffer is the one being computed).
+            let res =
+                unsafe { std::slice::from_raw_parts(results.add(buf * ROWS * 64), ROWS * 64) };
+            out(r0, (m - r0).min(ROWS), res);
+        }
+    };
     let mut r0 = 0;
+    let mut buf = 0;
     while r0 < m {
         if schedule == NextPanel::Burst {
             super::cache::prefetch_share(next, r0 / ROWS, blocks);
@@ -574,25 +592,37 @@ unsafe fn run_panel<U: TileUnit>(
                         b: panel.as_ptr().add(h * 128),
                         b_tail: b_tail.map(|t| t.add(h * 128)),
                         steps,
-                        c: (scratch.out.as_mut_ptr() as *mut u8).add(h * 128),
+                        c: (results.add(buf * ROWS * 64) as *mut u8).add(h * 128),
                         ldc: 64 * 4,
                         ahead,
+                    },
+                    &mut || {
+                        if h == 0 {
+                            hand_out(&mut pending)
+                        }
                     },
                 )
             };
         }
-        out(r0, (m - r0).min(ROWS), &scratch.out[..]);
+        pending = Some((r0, buf));
+        buf ^= 1;
         r0 += ROWS;
     }
+    hand_out(&mut pending);
 }
 
-/// `C[0..32][0..32] = Σ_steps A · B` for one 32-row block and one half panel (32 outputs).
+/// `C[0..32][0..32] = Σ_steps A · B` for one 32-row block and one half panel (32 outputs), running
+/// `between` after the last tile product is issued and before C is stored.
+///
+/// Why `between`: the tile unit works through the issued products for thousands of cycles after the
+/// loop has issued them, while the vector units idle until the store; vector work placed there (the
+/// previous block's dequantisation) runs in that shadow instead of after it. It must not touch C.
 ///
 /// # Safety
 /// The thread's tiles are configured (a [`TileGuard`] lives); the pointers address the extents
 /// documented on [`Block`].
 #[inline]
-unsafe fn block(product: Product, blk: Block) {
+unsafe fn block(product: Product, blk: Block, between: &mut dyn FnMut()) {
     let Block {
         a,
         lda,
@@ -624,21 +654,36 @@ unsafe fn block(product: Product, blk: Block) {
                 Some(t) if s + 1 == steps => t,
                 _ => b.add(s * STEP * PANEL_ROW),
             };
-            asm!(
-                "tileloadd tmm4, [{a0} + {lda}]",
-                "tileloadd tmm5, [{a1} + {lda}]",
-                "tileloadd tmm6, [{b0} + {ldb}]",
-                "tileloadd tmm7, [{b1} + {ldb}]",
-                a0 = in(reg) a.add(off),
-                a1 = in(reg) a1.add(off),
-                b0 = in(reg) bs,
-                b1 = in(reg) bs.add(64),
-                lda = in(reg) lda,
-                ldb = in(reg) PANEL_ROW,
-                options(nostack, readonly)
-            );
-            products(product);
+            // Each product follows the two loads it needs, so the unit starts on the first while the
+            // later tiles load (the four loads first, then the four products, measured the same on
+            // their own; this is the order of the build the A/B in docs/results/engine.md timed).
+            macro_rules! step {
+                ($tdp:literal) => {
+                    asm!(
+                        "tileloadd tmm4, [{a0} + {lda}]",
+                        "tileloadd tmm6, [{b0} + {ldb}]",
+                        concat!($tdp, " tmm0, tmm4, tmm6"),
+                        "tileloadd tmm7, [{b1} + {ldb}]",
+                        concat!($tdp, " tmm1, tmm4, tmm7"),
+                        "tileloadd tmm5, [{a1} + {lda}]",
+                        concat!($tdp, " tmm2, tmm5, tmm6"),
+                        concat!($tdp, " tmm3, tmm5, tmm7"),
+                        a0 = in(reg) a.add(off),
+                        a1 = in(reg) a1.add(off),
+                        b0 = in(reg) bs,
+                        b1 = in(reg) bs.add(64),
+                        lda = in(reg) lda,
+                        ldb = in(reg) PANEL_ROW,
+                        options(nostack, readonly)
+                    )
+                };
+            }
+            match product {
+                Product::Bf16 => step!("tdpbf16ps"),
+                Product::Int8 => step!("tdpbssd"),
+            }
         }
+        between();
         asm!(
             "tilestored [{c0} + {ldc}], tmm0",
             "tilestored [{c1} + {ldc}], tmm1",

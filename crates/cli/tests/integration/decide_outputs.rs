@@ -8,7 +8,8 @@
 //! synthetic release, 24 kev-mini test-split requests, and one long request (about 1,400 tokens in its pass:
 //! many GDN chunks, several attention key tiles, the MLP's row passes split). An instruction set without a
 //! recorded digest (a CPU the record was not made on) is reported `skipped:`; the digests were made by the
-//! binary of b38e820, before the engine's restructuring (issue 53).
+//! binary of b38e820, before the engine's restructuring (issue 53), and the `amx` ones (on a Xeon with AMX,
+//! 2026-12-07) by the binary of 4905759 (the engine of 6c16a09), before the tile loop's reordering.
 //!
 //! To record (only when a change is meant to move bits, with the reason in the commit):
 //! `KEV_BLESS=1 [KEV_BIN=path/to/kev] cargo nextest run -p kev decide_outputs`.

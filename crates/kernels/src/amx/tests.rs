@@ -34,13 +34,16 @@ impl TileUnit for Emulated {
     fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>> {
         &EMULATED_GUARDS
     }
-    unsafe fn block(product: Product, blk: Block) {
+    unsafe fn block(product: Product, blk: Block, between: &mut dyn FnMut()) {
         assert!(
             EMULATED_LOADED.get(),
             "a tile block on a thread without a configuration"
         );
         // SAFETY: forwarded.
-        unsafe { plain_block(product, blk) }
+        unsafe { plain_block(product, blk) };
+        // After C is written, where the tiles run it before: a driver whose `between` reads the C
+        // being computed then sees the new block's values, and the GEMM tests fail.
+        between();
     }
 }
 
@@ -136,6 +139,7 @@ fn block_is_the_plain_product<U: TileUnit>() {
         tail_copy(&panel[(depth - tail) * PANEL_ROW..], &mut tbuf);
         for h in 0..2 {
             let mut c = vec![0u32; ROWS * 32];
+            let mut calls = 0;
             // SAFETY: AMX checked; A has 32 rows of `steps · 64` bytes, the panel `depth` rows
             // (the last step reads the tail copy), C 32 rows of 128 bytes.
             unsafe {
@@ -153,6 +157,7 @@ fn block_is_the_plain_product<U: TileUnit>() {
                         // Hints over the panel itself: the loop runs, the values cannot change.
                         ahead: StepPrefetch::of(&panel, 3),
                     },
+                    &mut || calls += 1,
                 );
             }
             for r in 0..ROWS {
@@ -172,6 +177,7 @@ fn block_is_the_plain_product<U: TileUnit>() {
                     assert_eq!(got, want, "{product:?} row {r} column {col}");
                 }
             }
+            assert_eq!(calls, 1, "`between` runs once per block");
         }
     }
 }
@@ -326,13 +332,16 @@ impl TileUnit for Counted {
     fn depth() -> &'static std::thread::LocalKey<std::cell::Cell<u32>> {
         &COUNTED_GUARDS
     }
-    unsafe fn block(product: Product, blk: Block) {
+    unsafe fn block(product: Product, blk: Block, between: &mut dyn FnMut()) {
         assert!(
             COUNTED_LOADED.get(),
             "a tile block on a thread without a configuration"
         );
         // SAFETY: forwarded.
-        unsafe { plain_block(product, blk) }
+        unsafe { plain_block(product, blk) };
+        // After C is written, where the tiles run it before: a driver whose `between` reads the C
+        // being computed then sees the new block's values, and the GEMM tests fail.
+        between();
     }
 }
 
