@@ -552,23 +552,18 @@ unsafe fn run_panel<U: TileUnit>(
     // SAFETY: the unit exists (the caller's contract). On a worker that has run a panel before, this
     // only counts.
     let _tiles = unsafe { TileGuard::<U>::enter() };
-    // Results alternate between the two halves of `scratch.out`: block `b`'s are handed to `out` while
-    // block `b + 1`'s first half panel is on the tiles (see [`block`]), so the vector work of `out`
-    // overlaps the tile work instead of following it.
+    // Results alternate between the two halves of `scratch.out` (block `b` in half `b % 2`): block
+    // `b`'s are handed to `out` while block `b + 1`'s first half panel is on the tiles (see [`block`]),
+    // so the vector work of `out` overlaps the tile work instead of following it.
     let results = scratch.out.as_mut_ptr();
-    let mut pending: Option<(usize, usize)> = None;
-    let mut hand_out = |pending: &mut Option<(usize, usize)>| {
-        if let Some((r0, buf)) = pending.take() {
-            // SAFETY: buffer `buf` holds a block stored by its last `block` call; no tile store writes
-            // it until the next block's (the other buffer is the one being computed).
-            let res =
-                unsafe { std::slice::from_raw_parts(results.add(buf * ROWS * 64), ROWS * 64) };
-            out(r0, (m - r0).min(ROWS), res);
-        }
+    // SAFETY: half `buf` of the buffer; a caller reads the half no tile store is writing (the one of
+    // the block before the one on the tiles, or of the last block once all are done).
+    let result = |buf: usize| unsafe {
+        std::slice::from_raw_parts(results.add(buf * ROWS * 64) as *const i32, ROWS * 64)
     };
     let mut r0 = 0;
-    let mut buf = 0;
     while r0 < m {
+        let buf = (r0 / ROWS) % 2;
         if schedule == NextPanel::Burst {
             super::cache::prefetch_share(next, r0 / ROWS, blocks);
         }
@@ -596,19 +591,20 @@ unsafe fn run_panel<U: TileUnit>(
                         ldc: 64 * 4,
                         ahead,
                     },
+                    // Only the last block can be short, so the one before this is whole.
                     &mut || {
-                        if h == 0 {
-                            hand_out(&mut pending)
+                        if h == 0 && r0 > 0 {
+                            out(r0 - ROWS, ROWS, result(buf ^ 1))
                         }
                     },
                 )
             };
         }
-        pending = Some((r0, buf));
-        buf ^= 1;
         r0 += ROWS;
     }
-    hand_out(&mut pending);
+    if let Some(last) = blocks.checked_sub(1) {
+        out(last * ROWS, m - last * ROWS, result(last % 2));
+    }
 }
 
 /// `C[0..32][0..32] = Σ_steps A · B` for one 32-row block and one half panel (32 outputs), running

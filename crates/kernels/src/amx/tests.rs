@@ -40,11 +40,20 @@ impl TileUnit for Emulated {
             "a tile block on a thread without a configuration"
         );
         // SAFETY: forwarded.
-        unsafe { plain_block(product, blk) };
-        // After C is written, where the tiles run it before: a driver whose `between` reads the C
-        // being computed then sees the new block's values, and the GEMM tests fail.
-        between();
+        unsafe { stand_in_block(product, blk, between) }
     }
+}
+
+/// The stand-ins' block: [`plain_block`], then `between` — after C is written, where the tiles run it
+/// before, so a driver whose `between` reads the C being computed sees the new block's values and the
+/// GEMM tests fail.
+///
+/// # Safety
+/// As [`plain_block`].
+unsafe fn stand_in_block(product: Product, blk: Block, between: &mut dyn FnMut()) {
+    // SAFETY: forwarded.
+    unsafe { plain_block(product, blk) };
+    between();
 }
 
 /// [`block`]'s contract in plain arithmetic (the stand-ins' tile block).
@@ -338,10 +347,7 @@ impl TileUnit for Counted {
             "a tile block on a thread without a configuration"
         );
         // SAFETY: forwarded.
-        unsafe { plain_block(product, blk) };
-        // After C is written, where the tiles run it before: a driver whose `between` reads the C
-        // being computed then sees the new block's values, and the GEMM tests fail.
-        between();
+        unsafe { stand_in_block(product, blk, between) }
     }
 }
 
