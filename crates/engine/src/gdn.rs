@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::config::Qwen35Config;
 use crate::kernels::matmul::Mat;
-use crate::kernels::{Kernels, Rows, RowsMut, math, wide};
+use crate::kernels::{Kernels, Rows, RowsMut, SendPtr, math, wide};
 use crate::model::linear::Linear;
 use crate::pass::{Acts, Pass, Stack};
 use crate::scratch::{GdnScratch, grow};
@@ -108,6 +108,12 @@ pub(crate) struct GdnCall<'a> {
 ///
 /// `proj` holds the fused input projection rows (`[qkv | z | b | a]`); the gated-norm output (the input
 /// of `out_proj`) goes to `core` (one row of `value_dim` per token); `st` is advanced in place.
+///
+/// One task per key head does everything its channels need, start to end: the conv and SiLU of its q, k
+/// and value-head channels, the norms, the gates, the delta rule of its value heads and their gated norm
+/// into `core`'s columns. A task's working set (≈ 200 KB at 94 tokens) stays in L2, where whole-width passes
+/// (conv, then norms, then heads, then the norm) each went through memory. Every element is computed by the
+/// same operations in the same order as whole-width passes would, so the bits do not depend on the split.
 pub(crate) fn run(
     call: GdnCall<'_>,
     proj: Rows<'_>,
@@ -115,7 +121,7 @@ pub(crate) fn run(
     core: RowsMut<'_>,
     ws: &mut GdnScratch,
 ) {
-    let GdnCall { cfg, kern, .. } = call;
+    let GdnCall { cfg, .. } = call;
     let t = proj.m;
     let (nk, nv, dk, dv) = (
         cfg.linear_num_key_heads,
@@ -123,87 +129,77 @@ pub(crate) fn run(
         cfg.linear_key_head_dim,
         cfg.linear_value_head_dim,
     );
-    let (cd, kd) = (cfg.conv_dim(), cfg.key_dim());
+    let cd = cfg.conv_dim();
     let ratio = nv / nk;
     let GdnScratch {
-        conv,
         hist,
         qn,
         kn,
+        v,
         beta,
         gl,
         heads_out,
+        row,
     } = ws;
-    let conv = conv_silu(call, proj, st, (grow(conv, t * cd), grow(hist, 3 * cd)));
-    let (qn, kn) = qk_norms(call, conv, (grow(qn, nk * t * dk), grow(kn, nk * t * dk)));
-    let (beta, gl) = gates(call, proj, (grow(beta, nv * t), grow(gl, nv * t)));
-
-    // 4. The chunked delta rule, one task per value head, on the state in place.
+    let (qn, kn) = (grow(qn, nk * t * dk), grow(kn, nk * t * dk));
+    let v = grow(v, nv * t * dv);
+    let (beta, gl) = (grow(beta, nv * t), grow(gl, nv * t));
     let heads_out = grow(heads_out, nv * t * dv);
+    let row = grow(row, nk * dk);
+    let RowsMut {
+        data: core,
+        ld: ldc,
+    } = core;
+    assert!(
+        t == 0 || core.len() >= (t - 1) * ldc + cfg.value_dim(),
+        "gdn: core too short"
+    );
+    let out = SendPtr(core.as_mut_ptr());
+    let hist_old: &[f32] = &st.conv;
     st.rec
-        .par_chunks_mut(dk * dv)
-        .zip(heads_out.par_chunks_mut(t * dv))
+        .par_chunks_mut(ratio * dk * dv)
+        .zip(qn.par_chunks_mut(t * dk))
+        .zip(kn.par_chunks_mut(t * dk))
+        .zip(v.par_chunks_mut(ratio * t * dv))
+        .zip(beta.par_chunks_mut(ratio * t))
+        .zip(gl.par_chunks_mut(ratio * t))
+        .zip(heads_out.par_chunks_mut(ratio * t * dv))
+        .zip(row.par_chunks_mut(dk))
         .enumerate()
-        .for_each(|(h, (s, o))| {
-            let j = h / ratio;
-            let v = Mat {
-                data: &conv[2 * kd + h * dv..],
-                rows: t,
-                cols: dv,
-                ld: cd,
+        .for_each(|(j, (((((((rec, qh), kh), vh), bh), gh), oh), tmp))| {
+            let task = KeyHead {
+                call,
+                proj,
+                hist: hist_old,
+                j,
+                t,
             };
-            let head = HeadInputs {
-                q: &qn[j * t * dk..(j + 1) * t * dk],
-                k: &kn[j * t * dk..(j + 1) * t * dk],
-                v,
-                beta: &beta[h * t..(h + 1) * t],
-                g: &gl[h * t..(h + 1) * t],
-                dk,
-            };
-            delta_rule_head(kern, head, s, o);
-        });
-    gated_norm(call, proj, heads_out, core);
-}
-
-/// The first step: causal depthwise conv + SiLU into `conv` (`[t, conv_dim]`). Row `i − 3 + j` feeds tap `j`; rows
-/// before the call come from the carried history, which then takes the call's last three rows (through
-/// `new_hist`).
-fn conv_silu<'w>(
-    call: GdnCall<'_>,
-    proj: Rows<'_>,
-    st: &mut GdnState,
-    (conv, new_hist): (&'w mut [f32], &mut [f32]),
-) -> &'w [f32] {
-    let GdnCall {
-        cfg,
-        kern,
-        weights: g,
-    } = call;
-    let (t, ldp) = (proj.m, proj.ld);
-    let cd = cfg.conv_dim();
-    let pre = |i: usize| &proj.data[i * ldp..i * ldp + cd];
-    let hist = &st.conv;
-    conv.par_chunks_mut(cd).enumerate().for_each(|(i, out)| {
-        let src = |back: usize| -> &[f32] {
-            if i >= back {
-                pre(i - back)
-            } else {
-                let h = 3 - (back - i);
-                &hist[h * cd..(h + 1) * cd]
-            }
-        };
-        let (x0, x1, x2, x3) = (src(3), src(2), src(1), src(0));
-        let w = &g.conv_t;
-        let (w0, w1, w2, w3) = (&w[..cd], &w[cd..2 * cd], &w[2 * cd..3 * cd], &w[3 * cd..]);
-        wide!(kern, || {
-            for c in 0..cd {
-                out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
+            task.inputs(qh, kh, vh, tmp);
+            task.gates(bh, gh);
+            for (r, ((s, o), vr)) in rec
+                .chunks_mut(dk * dv)
+                .zip(oh.chunks_mut(t * dv))
+                .zip(vh.chunks(t * dv))
+                .enumerate()
+            {
+                let head = HeadInputs {
+                    q: qh,
+                    k: kh,
+                    v: Mat::new(vr, t, dv),
+                    beta: &bh[r * t..(r + 1) * t],
+                    g: &gh[r * t..(r + 1) * t],
+                    dk,
+                };
+                delta_rule_head(call.kern, head, s, o);
+                // SAFETY: value head `j·ratio + r` owns columns h·dv..(h+1)·dv of each of the `t` rows
+                // of `core` (extent asserted above); no other task writes them.
+                unsafe { task.gated_norm(j * ratio + r, o, out, ldc) };
             }
         });
-        math::silu_inplace(kern, out);
-    });
+    // The carried history takes the call's last three rows (some possibly from the old history).
+    let pre = |i: usize| &proj.data[i * proj.ld..i * proj.ld + cd];
+    let new_hist = grow(hist, 3 * cd);
     for r in 0..3 {
-        // Row r of the new history is token t − 3 + r (possibly from the old history).
         let src: &[f32] = if t + r >= 3 {
             pre(t + r - 3)
         } else {
@@ -212,102 +208,118 @@ fn conv_silu<'w>(
         new_hist[r * cd..(r + 1) * cd].copy_from_slice(src);
     }
     st.conv.copy_from_slice(new_hist);
-    conv
 }
 
-/// The second step: L2-normalised q (times dk^-1/2) and k, per key head, head-major `[nk][t][dk]`.
-fn qk_norms<'w>(
-    call: GdnCall<'_>,
-    conv: &[f32],
-    (qn, kn): (&'w mut [f32], &'w mut [f32]),
-) -> (&'w [f32], &'w [f32]) {
-    let GdnCall { cfg, kern, .. } = call;
-    let (dk, cd, kd) = (cfg.linear_key_head_dim, cfg.conv_dim(), cfg.key_dim());
-    let t = conv.len() / cd;
-    let scale = (dk as f32).powf(-0.5);
-    qn.par_chunks_mut(t * dk)
-        .zip(kn.par_chunks_mut(t * dk))
-        .enumerate()
-        .for_each(|(j, (qh, kh))| {
-            wide!(kern, || {
-                for i in 0..t {
-                    let row = &conv[i * cd..(i + 1) * cd];
-                    l2norm(
-                        &row[j * dk..(j + 1) * dk],
-                        &mut qh[i * dk..(i + 1) * dk],
-                        Some(scale),
-                    );
-                    l2norm(
-                        &row[kd + j * dk..kd + (j + 1) * dk],
-                        &mut kh[i * dk..(i + 1) * dk],
-                        None,
-                    );
+/// One key head's share of a GDN call: its q and k channels, and its `ratio` value heads.
+#[derive(Clone, Copy)]
+struct KeyHead<'a> {
+    call: GdnCall<'a>,
+    proj: Rows<'a>,
+    /// The conv history carried from before the call, `[3][conv_dim]`.
+    hist: &'a [f32],
+    j: usize,
+    t: usize,
+}
+
+impl KeyHead<'_> {
+    /// Causal depthwise conv + SiLU of channels `c0..c0 + out.len()` for token `i` into `out`: row
+    /// `i − 3 + tap` feeds `tap`, rows before the call come from the carried history.
+    #[inline(always)]
+    fn conv_silu(&self, c0: usize, i: usize, out: &mut [f32]) {
+        let (cfg, g) = (self.call.cfg, self.call.weights);
+        let (cd, n, ldp) = (cfg.conv_dim(), out.len(), self.proj.ld);
+        let src = |back: usize| -> &[f32] {
+            if i >= back {
+                &self.proj.data[(i - back) * ldp + c0..(i - back) * ldp + c0 + n]
+            } else {
+                let h = 3 - (back - i);
+                &self.hist[h * cd + c0..h * cd + c0 + n]
+            }
+        };
+        let (x0, x1, x2, x3) = (src(3), src(2), src(1), src(0));
+        let w = &g.conv_t;
+        let (w0, w1, w2, w3) = (
+            &w[c0..c0 + n],
+            &w[cd + c0..cd + c0 + n],
+            &w[2 * cd + c0..2 * cd + c0 + n],
+            &w[3 * cd + c0..3 * cd + c0 + n],
+        );
+        for c in 0..n {
+            out[c] = w0[c] * x0[c] + w1[c] * x1[c] + w2[c] * x2[c] + w3[c] * x3[c];
+        }
+        math::silu_inplace(self.call.kern, out);
+    }
+
+    /// The conv of the head's channels, then L2-normalised q (times dk^-1/2) and k `[t][dk]`, and its
+    /// value heads' v `[ratio][t][dv]`.
+    fn inputs(&self, qh: &mut [f32], kh: &mut [f32], vh: &mut [f32], tmp: &mut [f32]) {
+        let cfg = self.call.cfg;
+        let (dk, dv, kd, t, j) = (
+            cfg.linear_key_head_dim,
+            cfg.linear_value_head_dim,
+            cfg.key_dim(),
+            self.t,
+            self.j,
+        );
+        let ratio = cfg.linear_num_value_heads / cfg.linear_num_key_heads;
+        let scale = (dk as f32).powf(-0.5);
+        wide!(self.call.kern, || {
+            for i in 0..t {
+                self.conv_silu(j * dk, i, tmp);
+                l2norm(tmp, &mut qh[i * dk..(i + 1) * dk], Some(scale));
+                self.conv_silu(kd + j * dk, i, tmp);
+                l2norm(tmp, &mut kh[i * dk..(i + 1) * dk], None);
+                for r in 0..ratio {
+                    let h = j * ratio + r;
+                    let dst = &mut vh[r * t * dv + i * dv..r * t * dv + (i + 1) * dv];
+                    self.conv_silu(2 * kd + h * dv, i, dst);
                 }
-            });
+            }
         });
-    (qn, kn)
-}
+    }
 
-/// The third step: gates per value head, `[nv][t]`: β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias).
-fn gates<'w>(
-    call: GdnCall<'_>,
-    proj: Rows<'_>,
-    (beta, gl): (&'w mut [f32], &'w mut [f32]),
-) -> (&'w [f32], &'w [f32]) {
-    let GdnCall {
-        cfg, weights: g, ..
-    } = call;
-    let (t, ldp) = (proj.m, proj.ld);
-    let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
-    for i in 0..t {
-        let row = &proj.data[i * ldp..];
-        for h in 0..nv {
-            beta[h * t + i] = math::sigmoid(row[cd + vd + h]);
-            gl[h * t + i] = g.neg_a[h] * math::softplus(row[cd + vd + nv + h] + g.dt_bias[h]);
+    /// The gates of the head's value heads, `[ratio][t]`: β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias).
+    fn gates(&self, beta: &mut [f32], gl: &mut [f32]) {
+        let (cfg, g) = (self.call.cfg, self.call.weights);
+        let (cd, vd, nv) = (cfg.conv_dim(), cfg.value_dim(), cfg.linear_num_value_heads);
+        let ratio = nv / cfg.linear_num_key_heads;
+        let t = self.t;
+        for r in 0..ratio {
+            let h = self.j * ratio + r;
+            for i in 0..t {
+                let row = &self.proj.data[i * self.proj.ld..];
+                beta[r * t + i] = math::sigmoid(row[cd + vd + h]);
+                gl[r * t + i] = g.neg_a[h] * math::softplus(row[cd + vd + nv + h] + g.dt_bias[h]);
+            }
         }
     }
-    (beta, gl)
-}
 
-/// The last step: gated RMSNorm per value head into `core`: ((o / rms(o)) · w) · silu(z).
-fn gated_norm(call: GdnCall<'_>, proj: Rows<'_>, heads_out: &[f32], core: RowsMut<'_>) {
-    let GdnCall {
-        cfg,
-        kern,
-        weights: g,
-    } = call;
-    let (t, ldp) = (proj.m, proj.ld);
-    let (cd, vd, nv, dv) = (
-        cfg.conv_dim(),
-        cfg.value_dim(),
-        cfg.linear_num_value_heads,
-        cfg.linear_value_head_dim,
-    );
-    let eps = cfg.rms_norm_eps;
-    let RowsMut {
-        data: core,
-        ld: ldc,
-    } = core;
-    core.par_chunks_mut(ldc)
-        .take(t)
-        .enumerate()
-        .for_each(|(i, y)| {
-            let y = &mut y[..vd];
-            let z = &proj.data[i * ldp + cd..i * ldp + cd + vd];
-            y.copy_from_slice(z);
-            math::silu_inplace(kern, y);
-            wide!(kern, || {
-                for h in 0..nv {
-                    let o = &heads_out[h * t * dv + i * dv..h * t * dv + (i + 1) * dv];
-                    let inv = math::rms_inv(o, eps);
-                    for ((yd, od), w) in
-                        y[h * dv..(h + 1) * dv].iter_mut().zip(o).zip(&g.norm[..dv])
-                    {
-                        *yd *= (od * inv) * w;
-                    }
+    /// Gated RMSNorm of value head `h`'s output `o` (`[t][dv]`) into columns `h·dv..(h+1)·dv` of `core`'s
+    /// rows: ((o / rms(o)) · w) · silu(z).
+    ///
+    /// # Safety
+    /// `core` points at `t` rows of stride `ldc`, each at least `value_dim` long, and no other thread
+    /// touches these columns meanwhile.
+    unsafe fn gated_norm(&self, h: usize, o: &[f32], core: SendPtr<f32>, ldc: usize) {
+        let (cfg, g) = (self.call.cfg, self.call.weights);
+        let (cd, dv, eps) = (cfg.conv_dim(), cfg.linear_value_head_dim, cfg.rms_norm_eps);
+        let ldp = self.proj.ld;
+        wide!(self.call.kern, || {
+            for i in 0..self.t {
+                // SAFETY: inside row i's first value_dim columns, owned by this head (see above).
+                let y =
+                    unsafe { std::slice::from_raw_parts_mut(core.get().add(i * ldc + h * dv), dv) };
+                let z = &self.proj.data[i * ldp + cd + h * dv..i * ldp + cd + (h + 1) * dv];
+                y.copy_from_slice(z);
+                math::silu_inplace(self.call.kern, y);
+                let o = &o[i * dv..(i + 1) * dv];
+                let inv = math::rms_inv(o, eps);
+                for ((yd, od), w) in y.iter_mut().zip(o).zip(&g.norm[..dv]) {
+                    *yd *= (od * inv) * w;
                 }
-            });
+            }
         });
+    }
 }
 
 /// `dst = src / sqrt(Σ src² + 1e-6)` (times `scale` if given), the FLA-style L2 norm HF uses.

@@ -53,13 +53,16 @@ pub(crate) fn with_tls<R>(n: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
 /// Buffers of the GDN mixer.
 #[derive(Debug, Default)]
 pub(crate) struct GdnScratch {
-    pub conv: Buf,
     pub hist: Buf,
     pub qn: Buf,
     pub kn: Buf,
+    /// The value heads' conv output, `[nv][t][dv]`.
+    pub v: Buf,
     pub beta: Buf,
     pub gl: Buf,
     pub heads_out: Buf,
+    /// One conv row of q or k per key head, `[nk][dk]`.
+    pub row: Buf,
 }
 
 /// Buffers of the attention mixer.
@@ -139,13 +142,14 @@ impl WorkspacePool {
 impl GdnScratch {
     fn bytes(&self) -> usize {
         [
-            &self.conv,
             &self.hist,
             &self.qn,
             &self.kn,
+            &self.v,
             &self.beta,
             &self.gl,
             &self.heads_out,
+            &self.row,
         ]
         .iter()
         .map(|b| 4 * b.len())
