@@ -267,16 +267,56 @@ pub fn matmul_par(
 /// Transpose `src` (`rows × cols`, stride `lds`) into `dst` (`cols × rows`, dense).
 pub fn transpose(src: &[f32], rows: usize, cols: usize, lds: usize, dst: &mut [f32]) {
     assert!(dst.len() >= rows * cols, "transpose: dst too short");
-    const B: usize = 16;
-    for i0 in (0..rows).step_by(B) {
-        for j0 in (0..cols).step_by(B) {
-            for i in i0..(i0 + B).min(rows) {
-                for j in j0..(j0 + B).min(cols) {
-                    dst[j * rows + i] = src[i * lds + j];
-                }
-            }
+    assert!(
+        rows == 0 || cols == 0 || src.len() >= (rows - 1) * lds + cols,
+        "transpose: src too short"
+    );
+    // Whole 8 × 8 blocks in registers where AVX is there (a GDN chunk's Kᵀ, 64 × 128, every chunk: the
+    // element loop took a third of the chunk's set-up), the edges element by element.
+    let (r8, c8) = transpose_blocks(src, rows, cols, lds, dst);
+    let mut one = |i: usize, j: usize| dst[j * rows + i] = src[i * lds + j];
+    for i in 0..r8 {
+        for j in c8..cols {
+            one(i, j);
         }
     }
+    for i in r8..rows {
+        for j in 0..cols {
+            one(i, j);
+        }
+    }
+}
+
+/// The whole 8 × 8 blocks of [`transpose`] (extents checked there); returns the rows and columns they
+/// covered (none without AVX).
+fn transpose_blocks(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    lds: usize,
+    dst: &mut [f32],
+) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        let (r8, c8) = (rows / 8 * 8, cols / 8 * 8);
+        for i0 in (0..r8).step_by(8) {
+            for j0 in (0..c8).step_by(8) {
+                // SAFETY: AVX detected; the block's rows i0..i0+8 and columns j0..j0+8 lie inside `src`
+                // and, transposed, inside `dst` (`cols × rows`): both extents asserted by `transpose`.
+                unsafe {
+                    super::x86::transpose8x8(
+                        src.as_ptr().add(i0 * lds + j0),
+                        lds,
+                        dst.as_mut_ptr().add(j0 * rows + i0),
+                        rows,
+                    )
+                };
+            }
+        }
+        return (r8, c8);
+    }
+    let _ = (src, rows, cols, lds, dst);
+    (0, 0)
 }
 
 #[cfg(test)]
@@ -353,6 +393,30 @@ mod tests {
                         matmul(kern, a3, bm, &mut one, n, acc);
                         assert_eq!(&one[..], &c[3 * n..4 * n]);
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_is_the_definition_on_every_path() {
+        for (rows, cols, lds) in [
+            (8, 8, 8),
+            (64, 128, 128),
+            (16, 24, 40),
+            (7, 37, 40),
+            (30, 128, 128),
+        ] {
+            let src: Vec<f32> = (0..rows * lds).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut t = vec![f32::NAN; rows * cols];
+            transpose(&src, rows, cols, lds, &mut t);
+            for i in 0..rows {
+                for j in 0..cols {
+                    assert_eq!(
+                        t[j * rows + i],
+                        src[i * lds + j],
+                        "{rows}x{cols} at ({i}, {j})"
+                    );
                 }
             }
         }

@@ -447,3 +447,46 @@ pub(crate) fn prefetch_l2(bytes: &[u8], from: usize, to: usize) {
         i += 64;
     }
 }
+
+/// `dst[j·ldd + i] = src[i·lds + j]` for one 8 × 8 block: eight row loads, three rounds of in-register
+/// shuffles, eight row stores (the scalar loop writes one element per column stride).
+///
+/// # Safety
+/// AVX must be available; `src` must hold 8 rows of 8 at stride `lds`, `dst` 8 rows of 8 at stride `ldd`.
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn transpose8x8(src: *const f32, lds: usize, dst: *mut f32, ldd: usize) {
+    // SAFETY: every access is inside the 8 × 8 blocks the caller vouches for.
+    unsafe {
+        let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * lds)));
+        let t = [
+            _mm256_unpacklo_ps(r[0], r[1]),
+            _mm256_unpackhi_ps(r[0], r[1]),
+            _mm256_unpacklo_ps(r[2], r[3]),
+            _mm256_unpackhi_ps(r[2], r[3]),
+            _mm256_unpacklo_ps(r[4], r[5]),
+            _mm256_unpackhi_ps(r[4], r[5]),
+            _mm256_unpacklo_ps(r[6], r[7]),
+            _mm256_unpackhi_ps(r[6], r[7]),
+        ];
+        let u = [
+            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+        ];
+        for c in 0..4 {
+            _mm256_storeu_ps(
+                dst.add(c * ldd),
+                _mm256_permute2f128_ps::<0x20>(u[c], u[c + 4]),
+            );
+            _mm256_storeu_ps(
+                dst.add((c + 4) * ldd),
+                _mm256_permute2f128_ps::<0x31>(u[c], u[c + 4]),
+            );
+        }
+    }
+}
