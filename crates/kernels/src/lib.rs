@@ -260,6 +260,7 @@ impl Kernels {
     }
 
     /// AMX tiles (the bf16 and int8 arms' products).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn amx(&self) -> bool {
         self.isa == Isa::Amx
     }
