@@ -19,7 +19,7 @@ use crate::state::{GdnState, LayerState, advance_gdn};
 
 mod delta;
 
-use delta::{HeadInputs, delta_rule_head};
+use delta::{HeadInputs, delta_rule_heads};
 
 /// Chunk length of the delta rule.
 pub const CHUNK: usize = 64;
@@ -177,21 +177,21 @@ pub(crate) fn run(
             };
             task.inputs(qh, kh, vh, tmp);
             task.gates(bh, gh);
-            for (r, ((s, o), vr)) in rec
-                .chunks_mut(dk * dv)
-                .zip(oh.chunks_mut(t * dv))
-                .zip(vh.chunks(t * dv))
+            let (qh, kh, bh, gh) = (&*qh, &*kh, &*bh, &*gh);
+            let heads: Vec<HeadInputs<'_>> = vh
+                .chunks(t * dv)
                 .enumerate()
-            {
-                let head = HeadInputs {
+                .map(|(r, vr)| HeadInputs {
                     q: qh,
                     k: kh,
                     v: Mat::new(vr, t, dv),
                     beta: &bh[r * t..(r + 1) * t],
                     g: &gh[r * t..(r + 1) * t],
                     dk,
-                };
-                delta_rule_head(call.kern, head, s, o);
+                })
+                .collect();
+            delta_rule_heads(call.kern, &heads, rec, oh);
+            for (r, o) in oh.chunks(t * dv).enumerate() {
                 // SAFETY: value head `j·ratio + r` owns columns h·dv..(h+1)·dv of each of the `t` rows
                 // of `core` (extent asserted above); no other task writes them.
                 unsafe { task.gated_norm(j * ratio + r, o, out, ldc) };

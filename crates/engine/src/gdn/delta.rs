@@ -27,10 +27,14 @@ pub(crate) struct HeadInputs<'a> {
 
 /// The scratch of one head's chunk loop, each sized for one chunk (see [`delta_rule_head`]).
 struct ChunkBufs<'a> {
-    /// `[β⊙K ; Q]`.
+    /// `β⊙K`.
     kbq: &'a mut [f32],
-    /// `Kᵀ`.
+    /// `Kᵀ`, shared by the value heads of one key head.
     kt: &'a mut [f32],
+    /// `Q` (flushed), shared.
+    qf: &'a mut [f32],
+    /// `Q·Kᵀ`, shared.
+    qk: &'a mut [f32],
     /// `[A ; P]`.
     ap: &'a mut [f32],
     decay: &'a mut [f32],
@@ -52,13 +56,37 @@ struct ChunkBufs<'a> {
 
 /// The gated delta rule for one value head over `t` tokens, chunk by chunk: `s`, the `[dk, dv]` state, is
 /// updated in place; `o` gets the `[t, dv]` output.
+#[cfg(test)]
 pub(crate) fn delta_rule_head(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32]) {
-    let HeadInputs { v, dk, .. } = head;
+    delta_rule_heads(kern, &[head], s, o);
+}
+
+/// [`delta_rule_head`] for the value heads of one key head (the same `q` and `k`), chunk by chunk and
+/// head by head inside each chunk, so the chunk's `Kᵀ` and `Q·Kᵀ` are made once: `states` holds their
+/// `[dk, dv]` states one after another, `outs` their `[t, dv]` outputs. Each head's bits are those of
+/// [`delta_rule_head`] alone: every element of a product is its own FMA chain, whichever product it is in.
+pub(crate) fn delta_rule_heads(
+    kern: Kernels,
+    heads: &[HeadInputs<'_>],
+    states: &mut [f32],
+    outs: &mut [f32],
+) {
+    let Some(&HeadInputs { v, dk, .. }) = heads.first() else {
+        return;
+    };
+    assert!(
+        heads
+            .iter()
+            .all(|h| std::ptr::eq(h.q, heads[0].q) && std::ptr::eq(h.k, heads[0].k)),
+        "delta rule: heads of one key head share q and k"
+    );
     let dv = v.cols;
     let c = CHUNK;
     let sizes = [
-        2 * c * dk, // kbq: [β⊙K ; Q]
+        c * dk,     // kbq: β⊙K
         dk * c,     // kt: Kᵀ
+        c * dk,     // qf: Q
+        c * c,      // qk: Q·Kᵀ
         2 * c * c,  // ap: [A ; P]
         c * c,      // decay
         c * dv,     // u: U, then V'
@@ -81,26 +109,34 @@ pub(crate) fn delta_rule_head(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32]
         let bufs = ChunkBufs {
             kbq: take(sizes[0]),
             kt: take(sizes[1]),
-            ap: take(sizes[2]),
-            decay: take(sizes[3]),
-            u: take(sizes[4]),
-            wq: take(sizes[5]),
-            ws: take(sizes[6]),
-            pv: take(sizes[7]),
-            kdt: take(sizes[8]),
-            supd: take(sizes[9]),
-            cum: take(sizes[10]),
-            ecum: take(sizes[11]),
-            etail: take(sizes[12]),
+            qf: take(sizes[2]),
+            qk: take(sizes[3]),
+            ap: take(sizes[4]),
+            decay: take(sizes[5]),
+            u: take(sizes[6]),
+            wq: take(sizes[7]),
+            ws: take(sizes[8]),
+            pv: take(sizes[9]),
+            kdt: take(sizes[10]),
+            supd: take(sizes[11]),
+            cum: take(sizes[12]),
+            ecum: take(sizes[13]),
+            etail: take(sizes[14]),
         };
-        chunks(kern, head, s, o, bufs);
+        chunks(kern, heads, states, outs, bufs);
     });
 }
 
-/// The chunk loop of [`delta_rule_head`] on caller-provided buffers. The element-wise loops inside
+/// The chunk loop of [`delta_rule_heads`] on caller-provided buffers. The element-wise loops inside
 /// (scaling, forward substitution) vectorise to the kernels' instruction set (AVX2 or AVX-512); they are plain loops
 /// without reassociation, so the results are the same either way.
-fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], bufs: ChunkBufs<'_>) {
+fn chunks(
+    kern: Kernels,
+    heads: &[HeadInputs<'_>],
+    s: &mut [f32],
+    o: &mut [f32],
+    bufs: ChunkBufs<'_>,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::kernels::Isa;
@@ -109,36 +145,36 @@ fn chunks(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32], o: &mut [f32], buf
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn zmm(
             kern: Kernels,
-            head: HeadInputs<'_>,
+            heads: &[HeadInputs<'_>],
             s: &mut [f32],
             o: &mut [f32],
             bufs: ChunkBufs<'_>,
         ) {
-            chunks_impl(kern, head, s, o, bufs)
+            chunks_impl(kern, heads, s, o, bufs)
         }
         /// # Safety
         /// AVX2 and FMA must be available.
         #[target_feature(enable = "avx2,fma")]
         unsafe fn ymm(
             kern: Kernels,
-            head: HeadInputs<'_>,
+            heads: &[HeadInputs<'_>],
             s: &mut [f32],
             o: &mut [f32],
             bufs: ChunkBufs<'_>,
         ) {
-            chunks_impl(kern, head, s, o, bufs)
+            chunks_impl(kern, heads, s, o, bufs)
         }
         match kern.isa() {
             // SAFETY: the kernels' instruction set is one this CPU has.
             Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => {
-                return unsafe { zmm(kern, head, s, o, bufs) };
+                return unsafe { zmm(kern, heads, s, o, bufs) };
             }
             // SAFETY: as above.
-            Isa::Avx2 | Isa::AvxVnni => return unsafe { ymm(kern, head, s, o, bufs) },
+            Isa::Avx2 | Isa::AvxVnni => return unsafe { ymm(kern, heads, s, o, bufs) },
             _ => {}
         }
     }
-    chunks_impl(kern, head, s, o, bufs)
+    chunks_impl(kern, heads, s, o, bufs)
 }
 
 /// Row `r` of `dst` = row `r` of `src` × `scale[r]`, rows `d` wide: slice loops without index arithmetic,
@@ -201,20 +237,26 @@ fn cut(log_decay: f32) -> f32 {
 #[inline(always)]
 fn chunks_impl(
     kern: Kernels,
-    head: HeadInputs<'_>,
-    s: &mut [f32],
-    o: &mut [f32],
+    heads: &[HeadInputs<'_>],
+    states: &mut [f32],
+    outs: &mut [f32],
     mut bufs: ChunkBufs<'_>,
 ) {
-    let t = head.beta.len();
+    let (t, dk, dv) = (heads[0].beta.len(), heads[0].dk, heads[0].v.cols);
     let mut t0 = 0;
     while t0 < t {
         let l = (t - t0).min(CHUNK);
         let chunk = Chunk { t0, l };
-        let chunk_decay = chunk_gates(kern, &head.g[t0..t0 + l], &mut bufs);
-        scores(kern, head, chunk, s, &mut bufs);
-        substitute(kern, head, chunk, &mut bufs);
-        finish_chunk(kern, head, chunk, (s, o, chunk_decay), &mut bufs);
+        shared_scores(kern, heads[0], chunk, &mut bufs);
+        for (head, (s, o)) in heads
+            .iter()
+            .zip(states.chunks_mut(dk * dv).zip(outs.chunks_mut(t * dv)))
+        {
+            let chunk_decay = chunk_gates(kern, &head.g[t0..t0 + l], &mut bufs);
+            scores(kern, *head, chunk, s, &mut bufs);
+            substitute(kern, *head, chunk, &mut bufs);
+            finish_chunk(kern, *head, chunk, (s, o, chunk_decay), &mut bufs);
+        }
         t0 += l;
     }
 }
@@ -248,27 +290,43 @@ fn chunk_gates(kern: Kernels, g: &[f32], b: &mut ChunkBufs<'_>) -> f32 {
     chunk_decay[0]
 }
 
+/// What the value heads of one key head share in a chunk: `Kᵀ` and `Q·Kᵀ` (both from flushed operands).
+#[inline(always)]
+fn shared_scores(kern: Kernels, head: HeadInputs<'_>, c: Chunk, b: &mut ChunkBufs<'_>) {
+    let (Chunk { t0, l }, dk) = (c, head.dk);
+    let kc = &head.k[t0 * dk..(t0 + l) * dk];
+    b.qf[..l * dk].copy_from_slice(&head.q[t0 * dk..(t0 + l) * dk]);
+    transpose(kc, l, dk, dk, b.kt);
+    flush_tiny(&mut b.qf[..l * dk]);
+    flush_tiny(&mut b.kt[..dk * l]);
+    matmul(
+        kern,
+        Mat::new(&b.qf[..l * dk], l, dk),
+        Mat::new(&b.kt[..dk * l], dk, l),
+        b.qk,
+        l,
+        false,
+    );
+}
+
 /// `[β⊙K ; Q] · Kᵀ` with the pairwise decays: the UT system, negated (rows `0..l` of `ap`: −A, so the
-/// solve adds matrix products), and the intra-chunk scores P (rows `l..2l`).
+/// solve adds matrix products), and the intra-chunk scores P (rows `l..2l`, from the shared `Q·Kᵀ`).
 #[inline(always)]
 fn scores(kern: Kernels, head: HeadInputs<'_>, c: Chunk, s: &mut [f32], b: &mut ChunkBufs<'_>) {
     let (Chunk { t0, l }, dk) = (c, head.dk);
     let kc = &head.k[t0 * dk..(t0 + l) * dk];
-    let qc = &head.q[t0 * dk..(t0 + l) * dk];
     scale_rows(&mut b.kbq[..l * dk], kc, &head.beta[t0..t0 + l], dk);
-    b.kbq[l * dk..2 * l * dk].copy_from_slice(qc);
-    transpose(kc, l, dk, dk, b.kt);
-    flush_tiny(&mut b.kbq[..2 * l * dk]);
-    flush_tiny(&mut b.kt[..dk * l]);
+    flush_tiny(&mut b.kbq[..l * dk]);
     flush_tiny(s);
     matmul(
         kern,
-        Mat::new(&b.kbq[..2 * l * dk], 2 * l, dk),
+        Mat::new(&b.kbq[..l * dk], l, dk),
         Mat::new(&b.kt[..dk * l], dk, l),
         b.ap,
         l,
         false,
     );
+    b.ap[l * l..2 * l * l].copy_from_slice(&b.qk[..l * l]);
     // Pairwise decays exp(γ_r − γ_s) on and below the diagonal, 0 above (masked before the exp).
     for r in 0..l {
         for s2 in 0..l {

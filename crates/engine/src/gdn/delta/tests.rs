@@ -148,3 +148,61 @@ fn chunked_matches_recurrent() {
         }
     }
 }
+
+/// The value heads of one key head run together (the chunk's `Kᵀ` and `Q·Kᵀ` made once) give each head the
+/// bits it gets alone, over several chunks and a short last one, with mild and strong decays.
+#[test]
+fn heads_sharing_a_key_head_match_each_alone_bit_for_bit() {
+    for kern in Kernels::available() {
+        for (t, dk, dv, strength) in [(150usize, 32usize, 24usize, 0.3f32), (94, 128, 128, 8.0)] {
+            let mut seed = 19;
+            let mut q = rand_vec(t * dk, &mut seed, 1.0);
+            let mut k = rand_vec(t * dk, &mut seed, 1.0);
+            unit_rows(&mut q, dk);
+            unit_rows(&mut k, dk);
+            let n = 3;
+            let vs: Vec<Vec<f32>> = (0..n).map(|_| rand_vec(t * dv, &mut seed, 2.0)).collect();
+            let betas: Vec<Vec<f32>> = (0..n)
+                .map(|_| {
+                    let b = rand_vec(t, &mut seed, 4.0);
+                    b.iter().map(|x| math::sigmoid(*x)).collect()
+                })
+                .collect();
+            let gs: Vec<Vec<f32>> = (0..n)
+                .map(|_| {
+                    let g = rand_vec(t, &mut seed, 1.0);
+                    g.iter().map(|x| -strength * math::softplus(*x)).collect()
+                })
+                .collect();
+            let heads: Vec<HeadInputs<'_>> = (0..n)
+                .map(|h| HeadInputs {
+                    q: &q,
+                    k: &k,
+                    v: Mat::new(&vs[h], t, dv),
+                    beta: &betas[h],
+                    g: &gs[h],
+                    dk,
+                })
+                .collect();
+            let s0 = rand_vec(n * dk * dv, &mut seed, 0.5);
+            let mut s_all = s0.clone();
+            let mut o_all = vec![0f32; n * t * dv];
+            delta_rule_heads(kern, &heads, &mut s_all, &mut o_all);
+            for (h, head) in heads.iter().enumerate() {
+                let mut s = s0[h * dk * dv..(h + 1) * dk * dv].to_vec();
+                let mut o = vec![0f32; t * dv];
+                delta_rule_head(kern, *head, &mut s, &mut o);
+                let same =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same(&o, &o_all[h * t * dv..(h + 1) * t * dv]),
+                    "{kern:?} t {t}: head {h}'s output differs run with its key head's others"
+                );
+                assert!(
+                    same(&s, &s_all[h * dk * dv..(h + 1) * dk * dv]),
+                    "{kern:?} t {t}: head {h}'s state differs run with its key head's others"
+                );
+            }
+        }
+    }
+}
