@@ -102,16 +102,8 @@ pub(crate) fn prefetch_share(next: &[u8], gi: usize, groups: usize) {
 pub fn prefetch(x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        let bytes = x.len() * 4;
-        let p = x.as_ptr() as *const i8;
-        let mut i = 0;
-        while i < bytes {
-            // SAFETY: prefetching is a hint that cannot fault; the address lies inside `x`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(i))
-            };
-            i += 64;
-        }
+        let bytes = super::gemm::as_bytes(x);
+        super::x86::prefetch_l1(bytes, 0, bytes.len());
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;

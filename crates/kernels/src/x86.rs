@@ -439,11 +439,22 @@ pub(crate) unsafe fn peak_bf16(iters: u64) -> f32 {
 /// values). SSE, so every x86-64 CPU has it.
 #[inline]
 pub(crate) fn prefetch_l2(bytes: &[u8], from: usize, to: usize) {
+    prefetch_lines::<_MM_HINT_T1>(bytes, from, to);
+}
+
+/// [`prefetch_l2`] into L1 as well.
+#[inline]
+pub(crate) fn prefetch_l1(bytes: &[u8], from: usize, to: usize) {
+    prefetch_lines::<_MM_HINT_T0>(bytes, from, to);
+}
+
+#[inline(always)]
+fn prefetch_lines<const HINT: i32>(bytes: &[u8], from: usize, to: usize) {
     let to = to.min(bytes.len());
     let mut i = from;
     while i < to {
         // SAFETY: prefetching is a hint that cannot fault; the address lies inside `bytes`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(i) as *const i8) };
+        unsafe { _mm_prefetch::<HINT>(bytes.as_ptr().add(i) as *const i8) };
         i += 64;
     }
 }
