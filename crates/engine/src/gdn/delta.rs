@@ -25,10 +25,10 @@ pub(crate) struct HeadInputs<'a> {
     pub dk: usize,
 }
 
-/// The scratch of one head's chunk loop, each sized for one chunk (see [`delta_rule_head`]).
+/// The scratch of one key head's chunk loop, each sized for one chunk (see [`delta_rule_heads`]).
 struct ChunkBufs<'a> {
     /// `β⊙K`.
-    kbq: &'a mut [f32],
+    kb: &'a mut [f32],
     /// `Kᵀ`, shared by the value heads of one key head.
     kt: &'a mut [f32],
     /// `Q` (flushed), shared.
@@ -61,10 +61,11 @@ pub(crate) fn delta_rule_head(kern: Kernels, head: HeadInputs<'_>, s: &mut [f32]
     delta_rule_heads(kern, &[head], s, o);
 }
 
-/// [`delta_rule_head`] for the value heads of one key head (the same `q` and `k`), chunk by chunk and
-/// head by head inside each chunk, so the chunk's `Kᵀ` and `Q·Kᵀ` are made once: `states` holds their
-/// `[dk, dv]` states one after another, `outs` their `[t, dv]` outputs. Each head's bits are those of
-/// [`delta_rule_head`] alone: every element of a product is its own FMA chain, whichever product it is in.
+/// The gated delta rule for the value heads of one key head (the same `q` and `k`) over `t` tokens, chunk
+/// by chunk and head by head inside each chunk, so the chunk's `Kᵀ` and `Q·Kᵀ` are made once: `states`
+/// holds their `[dk, dv]` states one after another (updated in place), `outs` gets their `[t, dv]` outputs.
+/// Each head's bits are those it gets run alone: every element of a product is its own FMA chain, whichever
+/// product it is in.
 pub(crate) fn delta_rule_heads(
     kern: Kernels,
     heads: &[HeadInputs<'_>],
@@ -80,10 +81,20 @@ pub(crate) fn delta_rule_heads(
             .all(|h| std::ptr::eq(h.q, heads[0].q) && std::ptr::eq(h.k, heads[0].k)),
         "delta rule: heads of one key head share q and k"
     );
-    let dv = v.cols;
+    let (t, dv) = (heads[0].beta.len(), v.cols);
+    assert!(
+        heads
+            .iter()
+            .all(|h| h.beta.len() == t && h.g.len() == t && h.v.rows == t),
+        "delta rule: heads of one call cover the same tokens"
+    );
+    assert!(
+        states.len() == heads.len() * dk * dv && outs.len() == heads.len() * t * dv,
+        "delta rule: one state and one output per head"
+    );
     let c = CHUNK;
     let sizes = [
-        c * dk,     // kbq: β⊙K
+        c * dk,     // kb: β⊙K
         dk * c,     // kt: Kᵀ
         c * dk,     // qf: Q
         c * c,      // qk: Q·Kᵀ
@@ -107,7 +118,7 @@ pub(crate) fn delta_rule_heads(
             a
         };
         let bufs = ChunkBufs {
-            kbq: take(sizes[0]),
+            kb: take(sizes[0]),
             kt: take(sizes[1]),
             qf: take(sizes[2]),
             qk: take(sizes[3]),
@@ -315,12 +326,12 @@ fn shared_scores(kern: Kernels, head: HeadInputs<'_>, c: Chunk, b: &mut ChunkBuf
 fn scores(kern: Kernels, head: HeadInputs<'_>, c: Chunk, s: &mut [f32], b: &mut ChunkBufs<'_>) {
     let (Chunk { t0, l }, dk) = (c, head.dk);
     let kc = &head.k[t0 * dk..(t0 + l) * dk];
-    scale_rows(&mut b.kbq[..l * dk], kc, &head.beta[t0..t0 + l], dk);
-    flush_tiny(&mut b.kbq[..l * dk]);
+    scale_rows(&mut b.kb[..l * dk], kc, &head.beta[t0..t0 + l], dk);
+    flush_tiny(&mut b.kb[..l * dk]);
     flush_tiny(s);
     matmul(
         kern,
-        Mat::new(&b.kbq[..l * dk], l, dk),
+        Mat::new(&b.kb[..l * dk], l, dk),
         Mat::new(&b.kt[..dk * l], dk, l),
         b.ap,
         l,
@@ -366,7 +377,7 @@ fn substitute(kern: Kernels, head: HeadInputs<'_>, c: Chunk, b: &mut ChunkBufs<'
         }
         scale_rows(
             &mut wq[r0 * dk..r1 * dk],
-            &b.kbq[r0 * dk..r1 * dk],
+            &b.kb[r0 * dk..r1 * dk],
             &b.ecum[r0..r1],
             dk,
         );
