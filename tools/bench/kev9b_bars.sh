@@ -20,9 +20,10 @@
 #
 # Needs: ≈ 18 GB of disk for the release and ≈ 34 GB for the GGUFs (BF16 17.9 GB, Q8_0 9.5 GB, Q4_K_M 5.7 GB;
 # under KEV_BENCH_CACHE, default target/bench-cache), ≈ 20 GiB of free memory (the bf16 arm and llama.cpp's BF16
-# run each map ≈ 15 GiB; they run one after the other), and on a 2-core machine about 4–5 hours (most of it the
-# 1,518-token rows: kev's bf16 and int8 and five peer runs, four repetitions each, twice), plus the first build of
-# llama.cpp and ik_llama.cpp (≈ 15 min each, twice: native and AVX2) and the GGUF conversions (≈ 20 min).
+# run each map ≈ 15 GiB; they run one after the other), and time: 2 h 14 min on a 2-core Sapphire Rapids class Xeon
+# (2026-12-07, peers already built, the three GGUF conversions included: ≈ 45 min native, ≈ 65 min AVX2 — most of
+# it the peers' 1,518-token rows, a warm-up and three repetitions each — 25 min serve), plus the first build of
+# llama.cpp and ik_llama.cpp (≈ 15 min each, twice: native and AVX2).
 # --quick: 94 tokens only, one repetition, no serve (checks the whole chain in about an hour once the peers and
 # GGUFs are cached; its figures are not the bars'). --layers 4 runs the same chain on the 9B shape's first four
 # layers (a 5.8 GB release, GGUFs ≈ 11 GB: the end-to-end check on a small disk; its figures are not the 9B's).
@@ -85,6 +86,11 @@ fi
 du -sh "$synth" | note
 
 peers="${peers_arg:-llama,llama-q8,ik-llama-q}"
+# A run's output into the summary without its logs: tracing lines, the GGUF writers' progress bars (redrawn with
+# carriage returns: megabytes on one line) and llama.cpp's quantiser's metadata dump stay in the raw file only.
+report() {
+    grep -v -E 'INFO|WARN|^llama_|^version: |^built with ' "$1" | grep -v $'\r' | note
+}
 backbone() { # name, arms, then env assignments
     local name="$1" arms="$2"; shift 2
     say ""
@@ -93,7 +99,7 @@ backbone() { # name, arms, then env assignments
     env "$@" KEV_LOG_FORMAT=text "$kev" bench backbone --base "$synth/base" --kev "$synth/kev" --arms "$arms" \
         --lengths "$lengths" --reps "$reps" --peers "$peers" --json "$out/backbone-$name.json" \
         > "$out/backbone-$name.txt" 2>&1
-    grep -v -E 'INFO|WARN' "$out/backbone-$name.txt" | note
+    report "$out/backbone-$name.txt"
 }
 decide() { # name, arms, then env assignments
     local name="$1" arms="$2"; shift 2
@@ -102,7 +108,7 @@ decide() { # name, arms, then env assignments
     env "$@" KEV_LOG_FORMAT=text "$kev" bench decide --base "$synth/base" --kev "$synth/kev" --arms "$arms" \
         --cases 1q-json-190 --reps "$decide_reps" --peers none --json "$out/decide-$name.json" \
         > "$out/decide-$name.txt" 2>&1
-    grep -v -E 'INFO|WARN' "$out/decide-$name.txt" | note
+    report "$out/decide-$name.txt"
 }
 
 backbone native "$float,int8"
