@@ -88,8 +88,9 @@ du -sh "$synth" | note
 peers="${peers_arg:-llama,llama-q8,ik-llama-q}"
 # A run's output into the summary without its logs: tracing lines, the GGUF writers' progress bars (redrawn with
 # carriage returns: megabytes on one line) and llama.cpp's quantiser's metadata dump stay in the raw file only.
+# A grep that keeps no line exits 1; under `set -e -o pipefail` that would end the whole run before its later legs.
 report() {
-    grep -v -E 'INFO|WARN|^llama_|^version: |^built with ' "$1" | grep -v $'\r' | note
+    { grep -v -E 'INFO|WARN|^llama_|^version: |^built with ' "$1" | grep -v $'\r' || true; } | note
 }
 backbone() { # name, arms, then env assignments
     local name="$1" arms="$2"; shift 2
